@@ -1,0 +1,87 @@
+"""Write `predict` results to a CSV: file, class_name, probability, then the top-k classes."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any, TextIO
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Stream one CSV row per image to a temporary file; move it to `output` only when predict ends."""
+
+    def __init__(self, output: str = "predictions.csv", top_k: int = 5) -> None:
+        """
+        Args:
+            output: CSV file to write (replaced atomically when prediction finishes).
+            top_k: How many of the most likely classes to list per image.
+        """
+        super().__init__(write_interval="batch")
+        self.output = Path(output)
+        self.top_k = top_k
+        self._file: TextIO | None = None
+        self._writer: Any = None
+
+    @property
+    def _partial(self) -> Path:
+        return self.output.with_name(f".{self.output.name}.partial")
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self._partial, "w", newline="", encoding="utf-8")  # noqa: SIM115 (closed at the end)
+        self._writer = csv.writer(self._file)
+        k = min(self.top_k, len(pl_module.class_names or [])) or self.top_k
+        header = ["file", "class_name", "probability"]
+        for rank in range(1, k + 1):
+            header += [f"top{rank}_class", f"top{rank}_probability"]
+        self._writer.writerow(header)
+
+    def write_on_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        prediction: torch.Tensor | None,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
+    ) -> None:
+        if self._writer is None or prediction is None:
+            return
+        dataset = trainer.predict_dataloaders.dataset
+        names = pl_module.class_names or [str(i) for i in range(prediction.shape[1])]
+        probs, classes = prediction.topk(min(self.top_k, prediction.shape[1]), dim=1)
+        for i, top_p, top_c in zip(batch[1].tolist(), probs.tolist(), classes.tolist(), strict=True):
+            row: list[Any] = [_relative(dataset.files[i], dataset.root), names[top_c[0]], f"{top_p[0]:.6f}"]
+            for p, c in zip(top_p, top_c, strict=True):
+                row += [names[c], f"{p:.6f}"]
+            self._writer.writerow(row)
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._file is None:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = self._writer = None
+        os.replace(self._partial, self.output)
+        print(f"Predictions written to {self.output}")
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = self._writer = None
+            self._partial.unlink(missing_ok=True)
+
+
+def _relative(path: Path, root: Path) -> str:
+    return os.fsdecode(path.relative_to(root)) if root is not None else os.fsdecode(path)

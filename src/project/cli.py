@@ -1,0 +1,106 @@
+"""The command line: LightningCLI with our defaults, links, run names and one-line user errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from project.callbacks import PredictionWriter
+from project.data import ImageDataModule
+from project.errors import UserError, user_message
+from project.model import ImageClassifier
+from project.runs import CHECKPOINTS, eval_run_name, fit_run_name
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+
+
+class ProjectCLI(LightningCLI):
+    """`fit`, `validate`, `test` and `predict`, each starting from configs/default.yaml."""
+
+    def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(
+            ImageClassifier,
+            ImageDataModule,
+            args=args,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,
+            **kwargs,
+        )
+
+    def _prepare_subcommand_parser(
+        self, klass: type, subcommand: str, **kwargs: Any
+    ) -> LightningArgumentParser:
+        # add_arguments_to_parser needs to know which subcommand it builds (predict takes no links)
+        self._building = subcommand
+        return super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: list[str] | None) -> None:
+        self.config = parser.parse_args(with_default_config(sys.argv[1:] if args is None else args))
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--name",
+            type=str | None,
+            default=None,
+            help="Run name: logs/<name> and checkpoints/<name>. Default: a new time stamp; "
+            "with --ckpt_path last, the newest run.",
+        )
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val/acc",
+                "checkpoint.mode": "max",
+                "checkpoint.save_top_k": 3,
+                "checkpoint.save_last": True,
+                "checkpoint.filename": "epoch={epoch:03d}-val_acc={val/acc:.4f}",
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
+        if getattr(self, "_building", None) != "predict":
+            # predict takes classes and image size from its checkpoint, not from a training folder
+            for key in ("num_classes", "class_names", "image_size"):
+                parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        if self.subcommand != "fit" and not config.ckpt_path:
+            raise UserError(
+                f"`{self.subcommand}` needs a trained model.",
+                f"pass --ckpt_path PATH (e.g. {CHECKPOINTS}/<run>/last.ckpt).",
+            )
+        if self.subcommand == "fit":
+            config.name = fit_run_name(config.name, config.ckpt_path)
+        else:
+            config.name = eval_run_name(config.name, config.ckpt_path)
+            self.save_config_kwargs["config_filename"] = f"{self.subcommand}-config.yaml"
+        if config.checkpoint.dirpath is None:
+            config.checkpoint.dirpath = str(CHECKPOINTS / config.name)
+        logger = config.trainer.logger
+        if hasattr(logger, "init_args") and "name" in logger.init_args:
+            logger.init_args.name = config.name
+            logger.init_args.version = ""
+
+
+def with_default_config(args: list[str]) -> list[str]:
+    """Put `--config configs/default.yaml` first after the subcommand, so every other config overrides it.
+
+    (A `--config` rather than jsonargparse's default_config_files: those drop the class_path of
+    optimizer and scheduler callables in jsonargparse 4.53.)
+    """
+    if args and args[0] in LightningCLI.subcommands() and DEFAULT_CONFIG.is_file():
+        return [args[0], "--config", str(DEFAULT_CONFIG), *args[1:]]
+    return list(args)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of `python -m project`: user mistakes end in one message and exit status 2."""
+    try:
+        ProjectCLI(args=args)
+    except UserError as e:
+        print(f"error: {user_message(e)}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,197 @@
+"""ImageDataModule: find the images, split them, and serve uint8 batches to the trainer."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from functools import cached_property
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.accelerators import CUDAAccelerator
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
+from project.data.index import ImageIndex, list_images, scan_folder, stratified_split
+from project.data.shapes import generate_shapes
+from project.data.transforms import AutoAugment, eval_transform, train_transform
+from project.errors import UserError
+
+EMBEDDED_ROOT = Path("data") / "shapes"
+
+
+def default_num_workers() -> int:
+    """One loader worker per CPU core this process may use, at most 8."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(8, cores)
+
+
+class ImageDataModule(L.LightningDataModule):
+    """Images in ImageFolder layout: `root/{train,val[,test]}/<class>/*`, or `root/<class>/*` + val_split."""
+
+    def __init__(
+        self,
+        root: str | None = None,
+        val_split: float | None = None,
+        split_seed: int = 0,
+        num_classes: int | None = None,
+        image_size: int = 224,
+        crop_ratio: float = 0.875,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        hflip: bool = True,
+        auto_augment: AutoAugment = "none",
+        batch_size: int = 64,
+        num_workers: int | None = None,
+        skip_bad_images: bool = False,
+        predict_dir: str | None = None,
+    ) -> None:
+        """
+        Args:
+            root: Folder of images; null means the embedded shapes data set, generated into data/shapes.
+            val_split: Fraction of each class held out for validation when root has no train/ and val/.
+            split_seed: Seed of that split; kept apart from the training seed so the split never moves.
+            num_classes: Expected number of classes, checked against the class folders (optional).
+            image_size: Side of the square crops the model sees.
+            crop_ratio: Evaluation resizes the short side to image_size / crop_ratio, then centre-crops.
+            scale: RandomResizedCrop area range for training.
+            ratio: RandomResizedCrop aspect-ratio range for training.
+            hflip: Random horizontal flips for training.
+            auto_augment: Extra training augmentation: none, trivialaugment or randaugment.
+            batch_size: Images per batch, per device.
+            num_workers: DataLoader worker processes; null means one per CPU core (at most 8).
+            skip_bad_images: Skip files that cannot be decoded (with a warning) instead of stopping.
+            predict_dir: Folder of images (searched recursively) for `predict`.
+        """
+        super().__init__()
+        # num_classes and image_size are linked to the model and stored with it: one place, no disagreement
+        self.save_hyperparameters(ignore=["num_classes", "image_size"])
+        self.root = Path(root) if root is not None else EMBEDDED_ROOT
+        self.embedded = root is None
+        self.val_split = val_split
+        self.split_seed = split_seed
+        self.expected_num_classes = num_classes
+        self.image_size = image_size
+        self.crop_ratio = crop_ratio
+        self.train_transform = train_transform(image_size, scale, ratio, hflip, auto_augment)
+        self.eval_transform = eval_transform(image_size, crop_ratio)
+        self.batch_size = batch_size
+        self.num_workers = default_num_workers() if num_workers is None else num_workers
+        self.skip_bad_images = skip_bad_images
+        self.predict_dir = Path(predict_dir) if predict_dir is not None else None
+        self.datasets: dict[str, Dataset] = {}
+
+    # ---- classes and splits (found on first use, so `predict` never needs the training data) ----
+
+    @cached_property
+    def splits(self) -> dict[str, ImageIndex]:
+        """The labelled indices by split name: train, val and, when present, test."""
+        if self.embedded:
+            generate_shapes(self.root)
+        if (self.root / "train").is_dir():
+            train = scan_folder(self.root / "train")
+            names = list(train.class_names)
+            if (self.root / "val").is_dir():
+                splits = {"train": train, "val": scan_folder(self.root / "val", names)}
+            else:
+                splits = self._split(train, f"'{self.root}' has train/ but no val/ folder.")
+            if (self.root / "test").is_dir():
+                splits["test"] = scan_folder(self.root / "test", names)
+        else:
+            everything = scan_folder(self.root)
+            splits = self._split(everything, f"'{self.root}' has no train/ and val/ folders.")
+        self._check_num_classes(splits["train"].class_names)
+        return splits
+
+    def _split(self, index: ImageIndex, problem: str) -> dict[str, ImageIndex]:
+        if self.val_split is None:
+            raise UserError(
+                problem,
+                "add a val/ folder with the same class folders, or hold out a seeded, stratified "
+                "fraction with --data.val_split=0.1.",
+            )
+        train, val = stratified_split(index.labels, self.val_split, self.split_seed)
+        return {"train": index.subset(train), "val": index.subset(val)}
+
+    def _check_num_classes(self, found: tuple[str, ...]) -> None:
+        if self.expected_num_classes is not None and self.expected_num_classes != len(found):
+            raise UserError(
+                f"--data.num_classes={self.expected_num_classes}, but '{self.root}' has {len(found)} class folders "
+                f"{list(found)}.",
+                "remove --data.num_classes (the number of classes is taken from the folders) or fix the folders.",
+            )
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.splits["train"].class_names)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.splits["train"].class_names)
+
+    # ---- Lightning hooks ----
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            self.datasets["train"] = self._labelled("train", self.train_transform)
+            self.datasets["val"] = self._labelled("val", self.eval_transform)
+        elif stage == "validate":
+            self.datasets["val"] = self._labelled("val", self.eval_transform)
+        elif stage == "test":
+            if "test" not in self.splits:
+                warnings.warn(f"'{self.root}' has no test/ folder: testing on the validation split.", stacklevel=2)
+            self.datasets["test"] = self._labelled("test" if "test" in self.splits else "val", self.eval_transform)
+        elif stage == "predict":
+            self.datasets["predict"] = self._predict_dataset()
+
+    def _labelled(self, split: str, transform: torch.nn.Module) -> ImageDataset:
+        self._check_model_classes()
+        return ImageDataset(self.splits[split], transform, self.skip_bad_images)
+
+    def _check_model_classes(self) -> None:
+        """A checkpoint's classes must be the data's classes, in the same order."""
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        model_names = getattr(model, "class_names", None) if model is not None else None
+        if model_names is not None and list(model_names) != self.class_names:
+            raise UserError(
+                f"The model was trained on classes {list(model_names)}, but '{self.root}' has {self.class_names}.",
+                "evaluate on data with the same class folders, or train a new model on this data.",
+            )
+
+    def _predict_dataset(self) -> FileDataset:
+        if self.predict_dir is None:
+            raise UserError("predict needs a folder of images.", "pass --data.predict_dir=PATH.")
+        if not self.predict_dir.is_dir():
+            raise UserError(f"--data.predict_dir '{self.predict_dir}' is not a folder.", "pass a folder of images.")
+        files = [self.predict_dir / f for f in list_images(self.predict_dir)]
+        if not files:
+            raise UserError(f"--data.predict_dir '{self.predict_dir}' has no images.", "point it at image files.")
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        image_size = getattr(model, "image_size", None) or self.image_size  # the size the model was trained at
+        return FileDataset(files, eval_transform(image_size, self.crop_ratio), self.skip_bad_images, self.predict_dir)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.datasets["train"], shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.datasets["val"])
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.datasets["test"])
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.datasets["predict"])
+
+    def _loader(self, dataset: Dataset, shuffle: bool = False) -> DataLoader:
+        on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            drop_last=shuffle and len(dataset) > self.batch_size,  # no 1-image batch for BatchNorm
+            num_workers=self.num_workers,
+            pin_memory=on_gpu,
+            persistent_workers=self.num_workers > 0,
+            collate_fn=collate_skipping_none if self.skip_bad_images else default_collate,
+        )

@@ -1,0 +1,69 @@
+"""Map-style datasets over an ImageIndex (labelled) or a file list (prediction)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset, default_collate
+
+from project.data.decode import BadImageError, load_rgb
+from project.data.index import ImageIndex
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+class ImageDataset(Dataset):
+    """(uint8 image, label) pairs; a bad file raises, or yields None when `skip_bad_images` is set."""
+
+    def __init__(self, index: ImageIndex, transform: Transform, skip_bad_images: bool = False) -> None:
+        self.index = index
+        self.transform = transform
+        self.skip_bad_images = skip_bad_images
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
+        image = _load(self.index.path(i), self)
+        return None if image is None else (self.transform(image), int(self.index.labels[i]))
+
+
+class FileDataset(Dataset):
+    """(uint8 image, position in `files`) pairs for prediction on unlabelled images."""
+
+    def __init__(
+        self, files: Sequence[Path], transform: Transform, skip_bad_images: bool = False, root: Path | None = None
+    ) -> None:
+        self.files = list(files)
+        self.root = root  # the files are reported relative to it
+        self.transform = transform
+        self.skip_bad_images = skip_bad_images
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
+        image = _load(self.files[i], self)
+        return None if image is None else (self.transform(image), i)
+
+
+def _load(path: Path, dataset: ImageDataset | FileDataset) -> torch.Tensor | None:
+    try:
+        return load_rgb(path)
+    except BadImageError as e:
+        if not dataset.skip_bad_images:
+            raise
+        dataset.skipped += 1
+        warnings.warn(f"Skipped a bad image ({dataset.skipped} in this worker so far): {e}", stacklevel=2)
+        return None
+
+
+def collate_skipping_none(batch: list) -> list | None:
+    """default_collate over the samples that loaded; None when none of them did."""
+    kept = [sample for sample in batch if sample is not None]
+    return default_collate(kept) if kept else None

@@ -1,0 +1,112 @@
+"""The dataset index: image paths and labels as flat numpy arrays, found in ImageFolder layout."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from project.errors import UserError
+
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"}
+)
+
+
+@dataclass(frozen=True)
+class ImageIndex:
+    """Relative file paths (fixed-width bytes) and int64 labels; no per-sample Python objects."""
+
+    root: Path
+    paths: np.ndarray
+    labels: np.ndarray
+    class_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def path(self, i: int) -> Path:
+        return self.root / os.fsdecode(self.paths[i])
+
+    def subset(self, indices: np.ndarray) -> ImageIndex:
+        return ImageIndex(self.root, self.paths[indices], self.labels[indices], self.class_names)
+
+    def class_counts(self) -> dict[str, int]:
+        counts = np.bincount(self.labels, minlength=len(self.class_names))
+        return dict(zip(self.class_names, counts.tolist(), strict=True))
+
+
+def is_image_file(name: str) -> bool:
+    """True for a visible file with a known image extension, in any case."""
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def list_images(folder: Path) -> list[str]:
+    """Image files under `folder` (recursively), relative to it, sorted; hidden folders are skipped."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        rel = os.path.relpath(dirpath, folder)
+        found.extend(os.path.normpath(os.path.join(rel, f)) for f in filenames if is_image_file(f))
+    return sorted(found)
+
+
+def class_folders(root: Path) -> list[str]:
+    """The visible sub-folders of `root`, sorted: each one is a class."""
+    if not root.is_dir():
+        raise UserError(
+            f"Data folder '{root}' does not exist (or is not a folder).",
+            "set --data.root to a folder with one sub-folder of images per class "
+            "(or train/ and val/ folders that each have them).",
+        )
+    names = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not names:
+        raise UserError(
+            f"Data folder '{root}' has no class sub-folders.",
+            f"put the images of each class in its own folder, e.g. '{root}/cat/001.jpg', '{root}/dog/002.jpg'.",
+        )
+    return names
+
+
+def scan_folder(root: Path, class_names: list[str] | None = None) -> ImageIndex:
+    """Index `root/<class>/**/<image>`; with `class_names`, the folders must be exactly those classes."""
+    found = class_folders(root)
+    if class_names is not None and found != list(class_names):
+        missing = sorted(set(class_names) - set(found))
+        extra = sorted(set(found) - set(class_names))
+        raise UserError(
+            f"Class folders in '{root}' differ from the training classes: missing {missing}, unexpected {extra}.",
+            "give every split the same class sub-folders (the training classes are "
+            f"{list(class_names)}).",
+        )
+    paths: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(found):
+        files = list_images(root / name)
+        if not files:
+            raise UserError(
+                f"Class folder '{root / name}' has no images "
+                f"(looked for {', '.join(sorted(IMAGE_EXTENSIONS))} in any case).",
+                "add images to it or remove the folder.",
+            )
+        paths.extend(os.path.join(name, f) for f in files)
+        labels.extend([label] * len(files))
+    encoded = np.array([os.fsencode(p) for p in paths], dtype=np.bytes_)
+    return ImageIndex(root, encoded, np.array(labels, dtype=np.int64), tuple(found))
+
+
+def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split indices into (train, val) with `fraction` of every class in val; the same for the same seed."""
+    if not 0.0 < fraction < 1.0:
+        raise UserError(f"--data.val_split={fraction} is outside (0, 1).", "use a fraction such as 0.1.")
+    rng = np.random.default_rng(seed)
+    train, val = [], []
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        members = members[rng.permutation(len(members))]
+        n_val = min(len(members) - 1, max(1, round(len(members) * fraction))) if len(members) > 1 else 0
+        val.append(members[:n_val])
+        train.append(members[n_val:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))

@@ -1,0 +1,206 @@
+"""ImageClassifier: a torchvision backbone with a new head, its loss, metrics, optimizer and schedule."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
+from torch.optim.lr_scheduler import ReduceLROnPlateau
+from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+from project.backbones import build_backbone, head_of
+from project.errors import UserError
+from project.schedulers import WarmupCosineLR
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def classification_metrics(num_classes: int, prefix: str) -> MetricCollection:
+    """Accuracy and macro F1, plus top-5 accuracy when there are more than 5 classes."""
+    metrics = {
+        "acc": MulticlassAccuracy(num_classes, average="micro"),
+        "f1_macro": MulticlassF1Score(num_classes, average="macro"),
+    }
+    if num_classes > 5:
+        metrics["top5_acc"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+    # compute groups would share state between top-1 and top-5 accuracy when they happen to agree
+    return MetricCollection(metrics, prefix=prefix, compute_groups=False)
+
+
+class Normalize(nn.Module):
+    """uint8 images in, normalized float out: the one place preprocessing happens, also in exports."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        super().__init__()
+        self.register_buffer("shift", torch.tensor(mean).view(1, -1, 1, 1) * 255)
+        self.register_buffer("scale", 1 / (torch.tensor(std).view(1, -1, 1, 1) * 255))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return (images.float() - self.shift) * self.scale
+
+
+class ImageClassifier(L.LightningModule):
+    """Classify uint8 RGB batches [N, 3, H, W] into `num_classes` logits."""
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        class_names: list[str] | None = None,
+        image_size: int | None = None,
+        backbone: str = "resnet18",
+        weights: str | None = None,
+        freeze_backbone: bool = False,
+        bn_momentum: float | None = None,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        scheduler: LRSchedulerCallable | None = WarmupCosineLR,
+        scheduler_interval: Literal["step", "epoch"] = "step",
+        label_smoothing: float = 0.0,
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+        channels_last: bool = False,
+        compile: bool = False,
+    ) -> None:
+        """
+        Args:
+            num_classes: Number of classes; linked from the data, never typed.
+            class_names: Class names in label order; linked from the data and kept in checkpoints.
+            image_size: Training image size; linked from the data and used by predict and export.
+            backbone: Any torchvision classification model name (resnet18, efficientnet_b0, vit_b_16, ...).
+            weights: none, a torchvision weights name (DEFAULT, IMAGENET1K_V1) or a local state-dict file.
+            freeze_backbone: Train the head only (the backbone's BatchNorm statistics stay fixed too).
+            bn_momentum: Set every BatchNorm's momentum. torchvision's mobilenet/efficientnet/mnasnet use
+                0.01 or less, tuned for long ImageNet runs: a short run from scratch needs about 0.1,
+                or its running statistics (used in evaluation) never catch up.
+            optimizer: Optimizer class and init args; AdamW by default. Biases and norms get no decay.
+            scheduler: Learning-rate schedule; WarmupCosineLR by default, ReduceLROnPlateau on val/loss.
+            scheduler_interval: Step the schedule every optimizer step or every epoch.
+            label_smoothing: Cross-entropy label smoothing.
+            mean: Per-channel mean in [0, 1] for normalization (ImageNet's by default).
+            std: Per-channel standard deviation in [0, 1] for normalization.
+            channels_last: Run the network in channels-last memory format (faster on recent GPUs).
+            compile: Compile the network with torch.compile.
+        """
+        super().__init__()
+        if num_classes is None:
+            raise UserError(
+                "The model's number of classes is unknown.",
+                "fit, validate and test take it from --data.root; predict takes it from --ckpt_path.",
+            )
+        self.save_hyperparameters()
+        self.class_names = class_names
+        self.image_size = image_size
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.label_smoothing = label_smoothing
+        self.channels_last = channels_last
+        self.compile_net = compile
+        self.freeze_backbone = freeze_backbone
+        self.normalize = Normalize(mean, std)
+        self.net = build_backbone(backbone, num_classes, weights)
+        if bn_momentum is not None:
+            for module in self.net.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.momentum = bn_momentum
+        if channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)
+        if freeze_backbone:
+            self.net.requires_grad_(False)
+            head_of(self.net).requires_grad_(True)
+        self.train_metrics = MetricCollection(
+            {"acc": MulticlassAccuracy(num_classes, average="micro")}, prefix="train/"
+        )
+        self.val_metrics = classification_metrics(num_classes, "val/")
+        self.test_metrics = classification_metrics(num_classes, "test/")
+        self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # kept in checkpoints, so a resumed run knows its best
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.normalize(images)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.net(x)
+
+    def configure_model(self) -> None:
+        if self.compile_net:
+            self.net.compile()
+
+    def train(self, mode: bool = True) -> ImageClassifier:
+        """Like nn.Module.train, but a frozen backbone's BatchNorm layers stay in eval mode."""
+        super().train(mode)
+        if mode and self.freeze_backbone:
+            head = head_of(self.net)
+            for module in self.net.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm) and module is not head:
+                    module.eval()
+        return self
+
+    # ---- steps ----
+
+    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = batch
+        logits = self(images)
+        return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing), logits
+
+    def training_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
+    ) -> torch.Tensor | None:
+        if batch is None:  # every image of the batch was skipped as unreadable
+            return None
+        loss, logits = self._loss(batch)
+        self.train_metrics.update(logits.detach(), batch[1])
+        self.log("train/loss", loss, prog_bar=True)
+        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
+        self._evaluate(batch, self.val_metrics, "val/loss")
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
+        self._evaluate(batch, self.test_metrics, "test/loss")
+
+    def _evaluate(self, batch: tuple | None, metrics: MetricCollection, loss_name: str) -> None:
+        if batch is None:
+            return
+        loss, logits = self._loss(batch)
+        metrics.update(logits, batch[1])
+        self.log(loss_name, loss, on_epoch=True, sync_dist=True, prog_bar=True)
+        self.log_dict(metrics, on_epoch=True, prog_bar=loss_name.startswith("val"))
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            return
+        self.val_acc_best.update(self.val_metrics["acc"].compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=False)
+
+    def predict_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
+    ) -> torch.Tensor | None:
+        if batch is None:
+            return None
+        return self(batch[0]).float().softmax(dim=1)
+
+    # ---- optimization ----
+
+    def configure_optimizers(self) -> dict:
+        decay, no_decay = [], []
+        for param in self.parameters():
+            if param.requires_grad:
+                (no_decay if param.ndim <= 1 else decay).append(param)  # biases and norm scales: no decay
+        optimizer = self.optimizer([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
+        if self.scheduler is None:
+            return {"optimizer": optimizer}
+        scheduler = self.scheduler(optimizer)
+        if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
+            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
+        if isinstance(scheduler, ReduceLROnPlateau):
+            config = {"scheduler": scheduler, "monitor": "val/loss", "interval": "epoch"}
+        else:
+            config = {"scheduler": scheduler, "interval": self.scheduler_interval}
+        return {"optimizer": optimizer, "lr_scheduler": config}

@@ -1,0 +1,74 @@
+"""Run names: one name ties logs/<name> and checkpoints/<name> together; no run overwrites another."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from project.errors import UserError
+
+LOGS = Path("logs")
+CHECKPOINTS = Path("checkpoints")
+# Lightning starts DDP ranks > 0 as new processes of the same command; they take the name rank 0 chose.
+RUN_NAME_ENV = "PROJECT_RUN_NAME"
+
+
+def fit_run_name(name: str | None, ckpt_path: str | None) -> str:
+    """The run a `fit` writes to: new and unused, or the one `--ckpt_path` resumes."""
+    if os.environ.get("LOCAL_RANK", "0") != "0" and RUN_NAME_ENV in os.environ:
+        return os.environ[RUN_NAME_ENV]
+    if ckpt_path == "last":
+        name = name or newest_run()
+        if not any((CHECKPOINTS / name).glob("last*.ckpt")):
+            raise UserError(
+                f"--ckpt_path last: run '{name}' has no last checkpoint in '{CHECKPOINTS / name}'.",
+                "check --name (runs are the folders in checkpoints/), "
+                "or start a new run without --ckpt_path.",
+            )
+    elif ckpt_path is not None:
+        name = name or run_of_checkpoint(ckpt_path) or new_run_name()
+    elif name is None:
+        name = new_run_name()
+    elif _used(name):
+        raise UserError(
+            f"Run '{name}' already exists ({CHECKPOINTS / name} or {LOGS / name}); "
+            "a new run never overwrites it.",
+            f"resume it with --name {name} --ckpt_path last, or pick another --name.",
+        )
+    os.environ[RUN_NAME_ENV] = name
+    return name
+
+
+def eval_run_name(name: str | None, ckpt_path: str | None) -> str:
+    """validate/test/predict log next to the run their checkpoint came from, or to a new run."""
+    return name or (run_of_checkpoint(ckpt_path) if ckpt_path else None) or new_run_name()
+
+
+def new_run_name() -> str:
+    """A time stamp, with a counter when two runs start in the same second."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name, n = stamp, 1
+    while _used(name):
+        name, n = f"{stamp}-{n}", n + 1
+    return name
+
+
+def newest_run() -> str:
+    runs = [p for p in CHECKPOINTS.glob("*/last*.ckpt")]
+    if not runs:
+        raise UserError(
+            f"--ckpt_path last: there is no run to resume in '{CHECKPOINTS}'.",
+            "train first with `python -m project fit`, or pass --ckpt_path PATH to a checkpoint file.",
+        )
+    return max(runs, key=lambda p: p.lstat().st_mtime).parent.name
+
+
+def run_of_checkpoint(ckpt_path: str) -> str | None:
+    """`checkpoints/<name>/x.ckpt` -> name; None for a file from elsewhere."""
+    path = Path(ckpt_path).absolute()
+    return path.parent.name if path.parent.parent == CHECKPOINTS.absolute() else None
+
+
+def _used(name: str) -> bool:
+    return any(p.exists() and any(p.iterdir()) for p in (CHECKPOINTS / name, LOGS / name))

@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny real image folders made in the test, and an in-process CLI runner."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from project.cli import main
+from project.data.shapes import generate_shapes
+
+
+@pytest.fixture(scope="session")
+def shapes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """train/ and val/ of the embedded shapes: 6 classes, 8 + 4 JPEGs each, 32x32."""
+    return generate_shapes(tmp_path_factory.mktemp("data") / "shapes", 8, 4, image_size=32)
+
+
+@pytest.fixture
+def flat_root(tmp_path: Path, shapes_root: Path) -> Path:
+    """One folder of class sub-folders (no train/val), for --data.val_split."""
+    root = tmp_path / "flat"
+    shutil.copytree(shapes_root / "train", root)
+    return root
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run in an empty folder: logs/ and checkpoints/ are relative to it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def fast_args(root: Path, *extra: str) -> list[str]:
+    """Flags for a fit that takes a few seconds on CPU."""
+    return [
+        f"--data.root={root}",
+        "--data.image_size=32",
+        "--data.batch_size=16",
+        "--data.num_workers=0",
+        "--model.backbone=resnet18",
+        "--model.scheduler.init_args.warmup_steps=1",
+        "--trainer.max_epochs=1",
+        "--trainer.log_every_n_steps=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        *extra,
+    ]
+
+
+def run_cli(*args: str) -> int:
+    """Run `python -m project ARGS` in this process; returns the exit status."""
+    saved, sys.argv = sys.argv, ["project"]  # pytest's own flags are not ours
+    try:
+        main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def write_image(path: Path, mode: str = "RGB", size: tuple[int, int] = (20, 12), **save: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new(mode, size).save(path, **save)
+    return path

@@ -1,0 +1,199 @@
+"""End to end through `python -m project ...` (in process), on tiny generated data."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tests.conftest import fast_args, run_cli, write_image
+
+from project.data.decode import load_rgb
+from project.data.transforms import eval_transform
+from project.model import ImageClassifier
+
+CLASSES = ["circle", "cross", "ring", "square", "star", "triangle"]
+
+
+def scalar_tags(log_dir: Path) -> set[str]:
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return set(events.Tags()["scalars"])
+
+
+def test_fit_writes_logs_checkpoints_and_config(workdir: Path, shapes_root: Path) -> None:
+    assert run_cli("fit", *fast_args(shapes_root, "--name=first", "--trainer.max_epochs=2")) == 0
+    logs = workdir / "logs" / "first"
+    assert (logs / "config.yaml").is_file() and list(logs.glob("events.out.tfevents.*"))
+    tags = scalar_tags(logs)
+    expected = {
+        "train/loss",
+        "train/acc",
+        "val/loss",
+        "val/acc",
+        "val/acc_best",
+        "val/f1_macro",
+        "val/top5_acc",
+    }
+    assert expected <= tags
+    assert any(tag.startswith("lr-AdamW") for tag in tags)
+    files = sorted(p.name for p in (workdir / "checkpoints" / "first").iterdir())
+    assert [f for f in files if f != "last.ckpt"] == [
+        f for f in files if re.fullmatch(r"epoch=00[01]-val_acc=0\.\d{4}\.ckpt", f)
+    ]
+    assert len(files) == 3 and "last.ckpt" in files
+    checkpoint = torch.load(workdir / "checkpoints" / "first" / "last.ckpt", weights_only=False)
+    assert checkpoint["hyper_parameters"]["class_names"] == CLASSES
+    assert checkpoint["hyper_parameters"]["num_classes"] == 6
+    assert checkpoint["hyper_parameters"]["image_size"] == 32
+
+
+def test_resume_continues_epoch_step_optimizer_and_schedule(workdir: Path, shapes_root: Path) -> None:
+    assert run_cli("fit", *fast_args(shapes_root, "--name=r")) == 0
+    first = torch.load(workdir / "checkpoints" / "r" / "last.ckpt", weights_only=False)
+    assert (first["epoch"], first["global_step"]) == (0, 3)  # 48 images / 16 per batch
+    assert (
+        run_cli("fit", *fast_args(shapes_root, "--name=r", "--ckpt_path=last", "--trainer.max_epochs=2")) == 0
+    )
+    resumed = torch.load(workdir / "checkpoints" / "r" / "last.ckpt", weights_only=False)
+    assert (resumed["epoch"], resumed["global_step"]) == (1, 6)
+    assert resumed["optimizer_states"][0]["state"][0]["step"].item() == 6  # AdamW moments carried over
+    assert resumed["lr_schedulers"][0]["last_epoch"] == 6
+    assert "total_steps" not in resumed["lr_schedulers"][0]  # re-derived from the resumed run's length
+    assert sorted(p.name for p in (workdir / "logs").iterdir()) == ["r"]
+
+
+def test_a_new_run_never_overwrites_an_old_one(workdir: Path, shapes_root: Path, capsys) -> None:
+    assert run_cli("fit", *fast_args(shapes_root, "--name=same", "--trainer.limit_train_batches=1")) == 0
+    assert run_cli("fit", *fast_args(shapes_root, "--name=same")) == 2
+    assert "Run 'same' already exists" in capsys.readouterr().err
+    assert run_cli("fit", *fast_args(shapes_root, "--trainer.limit_train_batches=1")) == 0
+    assert run_cli("fit", *fast_args(shapes_root, "--trainer.limit_train_batches=1")) == 0
+    assert len(list((workdir / "checkpoints").iterdir())) == 3
+
+
+def test_val_split_from_one_folder(workdir: Path, flat_root: Path) -> None:
+    assert run_cli("fit", *fast_args(flat_root, "--name=flat", "--data.val_split=0.25")) == 0
+    assert (workdir / "checkpoints" / "flat" / "last.ckpt").is_file()
+
+
+def test_validate_test_and_predict_from_a_checkpoint(
+    workdir: Path, shapes_root: Path, tmp_path: Path
+) -> None:
+    assert run_cli("fit", *fast_args(shapes_root, "--name=p")) == 0
+    ckpt = workdir / "checkpoints" / "p" / "last.ckpt"
+    common = [f"--ckpt_path={ckpt}", f"--data.root={shapes_root}", "--data.num_workers=0"]
+    assert run_cli("validate", *common) == 0
+    assert run_cli("test", *common) == 0
+    assert {"test/acc", "test/loss"} <= scalar_tags(workdir / "logs" / "p")
+    assert (workdir / "logs" / "p" / "config.yaml").is_file() and (
+        workdir / "logs" / "p" / "test-config.yaml"
+    ).is_file()
+
+    images = tmp_path / "incoming"
+    sources = sorted((shapes_root / "val").rglob("*.jpg"))[::5]
+    for i, src in enumerate(sources):
+        (images / f"batch{i % 2}").mkdir(parents=True, exist_ok=True)
+        (images / f"batch{i % 2}" / f"IMG_{i}.JPG").write_bytes(src.read_bytes())
+    (images / "notes.txt").write_text("not an image")
+    out = tmp_path / "out" / "predictions.csv"
+    args = [
+        f"--ckpt_path={ckpt}",
+        f"--data.predict_dir={images}",
+        f"--predictions.output={out}",
+        "--data.num_workers=0",
+    ]
+    # no --data.root: predict needs nothing but the checkpoint and the images
+    assert run_cli("predict", *args, "--predictions.top_k=3") == 0
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["file", "class_name", "probability"] + [
+        f"top{k}_{c}" for k in (1, 2, 3) for c in ("class", "probability")
+    ]
+    assert sorted(r["file"] for r in rows) == sorted(f"batch{i % 2}/IMG_{i}.JPG" for i in range(len(sources)))
+
+    checkpoint = torch.load(ckpt, weights_only=False)
+    model = ImageClassifier(num_classes=6, backbone="resnet18", scheduler=None)
+    model.load_state_dict(checkpoint["state_dict"])
+    model.eval()
+    for row in rows:
+        image = eval_transform(32)(load_rgb(images / row["file"]))
+        with torch.no_grad():
+            probs = model(image[None]).softmax(1)[0]
+        assert row["class_name"] == CLASSES[int(probs.argmax())] == row["top1_class"]
+        assert float(row["probability"]) == pytest.approx(float(probs.max()), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data.root=/no/such/folder"], r"error: Data folder '/no/such/folder' does not exist"),
+        (["--model.backbone=resnet_18"], r"error: Unknown backbone 'resnet_18'.*did you mean resnet18"),
+        (["--model.dropout=0.5"], r"error: .*dropout"),
+        (["--ckpt_path=last"], r"error: --ckpt_path last: there is no run to resume"),
+        (["--data.num_classes=3"], r"error: --data.num_classes=3, but .* has 6 class folders"),
+    ],
+)
+def test_user_errors_are_one_message(
+    workdir: Path, shapes_root: Path, capsys, args: list[str], message: str
+) -> None:
+    assert run_cli("fit", *fast_args(shapes_root), *args) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err, re.DOTALL), err
+    assert "Traceback" not in err
+
+
+def test_unknown_key_in_a_config_file(workdir: Path, shapes_root: Path, capsys) -> None:
+    (workdir / "mine.yaml").write_text("data:\n  batch_sise: 8\n")
+    assert run_cli("fit", *fast_args(shapes_root), "--config=mine.yaml") == 2
+    assert re.search(r"error: .*batch_sise", capsys.readouterr().err)
+
+
+def test_predict_without_checkpoint(workdir: Path, capsys) -> None:
+    assert run_cli("predict", "--data.predict_dir=.") == 2
+    assert "`predict` needs a trained model. Fix: pass --ckpt_path" in capsys.readouterr().err
+
+
+def test_bad_image_in_a_worker_is_one_message(
+    workdir: Path, shapes_root: Path, tmp_path: Path, capsys
+) -> None:
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    write_image(root / "train" / "star" / "x.png").write_bytes(b"\x89PNG broken")
+    assert run_cli("fit", *fast_args(root, "--data.num_workers=1")) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"(?m)^error: Cannot decode image '.*x.png'.*skip_bad_images", err), err
+    assert "Traceback" not in err
+
+
+def test_print_config_shows_optimizer_and_schedule(workdir: Path, capsys) -> None:
+    assert run_cli("fit", "--print_config") == 0
+    out = capsys.readouterr().out
+    for expected in (
+        "class_path: torch.optim.AdamW",
+        "project.schedulers.WarmupCosineLR",
+        "label_smoothing",
+        "precision",
+        "gradient_clip_val",
+        "accumulate_grad_batches",
+        "seed_everything: 42",
+    ):
+        assert expected in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_checkpoint_loads_on_cpu(workdir: Path, shapes_root: Path) -> None:
+    assert run_cli("fit", *fast_args(shapes_root, "--name=g", "--trainer.accelerator=gpu")) == 0
+    checkpoint = torch.load(
+        workdir / "checkpoints" / "g" / "last.ckpt", map_location="cpu", weights_only=False
+    )
+    model = ImageClassifier(num_classes=6, backbone="resnet18", scheduler=None)
+    model.load_state_dict(checkpoint["state_dict"])
+    args = [f"--ckpt_path={workdir / 'checkpoints' / 'g' / 'last.ckpt'}", f"--data.root={shapes_root}"]
+    assert run_cli("validate", *args, "--trainer.accelerator=cpu", "--data.num_workers=0") == 0

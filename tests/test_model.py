@@ -1,0 +1,66 @@
+import pytest
+import torch
+from torch import nn
+
+from project.model import ImageClassifier
+from project.schedulers import WarmupCosineLR
+
+
+def one_step(model: ImageClassifier) -> torch.optim.Optimizer:
+    optimizer = model.configure_optimizers()["optimizer"]
+    model.train()
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    loss, _ = model._loss((images, torch.tensor([0, 1, 2, 0])))
+    loss.backward()
+    optimizer.step()
+    return optimizer
+
+
+def test_frozen_backbone_does_not_change_but_head_does() -> None:
+    torch.manual_seed(0)
+    model = ImageClassifier(num_classes=3, backbone="resnet18", freeze_backbone=True, scheduler=None)
+    before = {k: v.clone() for k, v in model.net.state_dict().items()}
+    optimizer = one_step(model)
+    after = model.net.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"fc.weight", "fc.bias"}  # BatchNorm running stats stay too
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(model.net.fc.weight), id(model.net.fc.bias)}
+    assert not model.net.bn1.training and model.training
+
+
+def test_normalization_is_inside_the_model() -> None:
+    model = ImageClassifier(num_classes=2, backbone="resnet18", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    x = model.normalize(torch.tensor([0, 128, 255], dtype=torch.uint8).view(1, 3, 1, 1))
+    assert torch.allclose(x.flatten(), torch.tensor([-2.0, (128 / 255 - 0.5) / 0.25, 2.0]), atol=1e-5)
+
+
+def test_no_weight_decay_on_biases_and_norms() -> None:
+    model = ImageClassifier(num_classes=2, backbone="resnet18", scheduler=None)
+    decay, no_decay = model.configure_optimizers()["optimizer"].param_groups
+    assert all(p.ndim > 1 for p in decay["params"]) and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim <= 1 for p in no_decay["params"])
+
+
+def test_bn_momentum_override() -> None:
+    model = ImageClassifier(num_classes=2, backbone="mobilenet_v3_small", bn_momentum=0.1)
+    momenta = {m.momentum for m in model.net.modules() if isinstance(m, nn.BatchNorm2d)}
+    assert momenta == {0.1}
+
+
+@pytest.mark.parametrize("step", [0, 4, 9, 10, 55, 100])
+def test_warmup_cosine(step: int) -> None:
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = WarmupCosineLR(optimizer, warmup_steps=10, total_steps=100)
+    expected = {0: 1 / 11, 4: 5 / 11, 9: 10 / 11, 10: 1.0, 55: 0.5, 100: 0.0}[step]
+    assert scheduler.factor(step) == pytest.approx(expected)
+
+
+def test_plateau_scheduler_watches_val_loss() -> None:
+    model = ImageClassifier(
+        num_classes=2,
+        backbone="resnet18",
+        scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt),
+    )
+    config = model.configure_optimizers()["lr_scheduler"]
+    assert config["monitor"] == "val/loss" and config["interval"] == "epoch"
