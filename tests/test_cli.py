@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tests.conftest import fast_args, run_cli, write_image
 
 from project.data.decode import load_rgb
 from project.data.transforms import eval_transform
 from project.model import ImageClassifier
+from tests.conftest import fast_args, run_cli, write_image
 
 CLASSES = ["circle", "cross", "ring", "square", "star", "triangle"]
 
@@ -63,6 +63,9 @@ def test_resume_continues_epoch_step_optimizer_and_schedule(workdir: Path, shape
     assert resumed["optimizer_states"][0]["state"][0]["step"].item() == 6  # AdamW moments carried over
     assert resumed["lr_schedulers"][0]["last_epoch"] == 6
     assert "total_steps" not in resumed["lr_schedulers"][0]  # re-derived from the resumed run's length
+    explicit = [f"--ckpt_path={workdir / 'checkpoints' / 'r' / 'last.ckpt'}", "--trainer.max_epochs=3"]
+    assert run_cli("fit", *fast_args(shapes_root, *explicit)) == 0  # a file in checkpoints/r continues run r
+    assert torch.load(workdir / "checkpoints" / "r" / "last.ckpt", weights_only=False)["epoch"] == 2
     assert sorted(p.name for p in (workdir / "logs").iterdir()) == ["r"]
 
 

@@ -8,8 +8,8 @@ from functools import cached_property
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.accelerators import CUDAAccelerator
 import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
@@ -117,9 +117,10 @@ class ImageDataModule(L.LightningDataModule):
     def _check_num_classes(self, found: tuple[str, ...]) -> None:
         if self.expected_num_classes is not None and self.expected_num_classes != len(found):
             raise UserError(
-                f"--data.num_classes={self.expected_num_classes}, but '{self.root}' has {len(found)} class folders "
-                f"{list(found)}.",
-                "remove --data.num_classes (the number of classes is taken from the folders) or fix the folders.",
+                f"--data.num_classes={self.expected_num_classes}, but '{self.root}' has "
+                f"{len(found)} class folders {list(found)}.",
+                "remove --data.num_classes (the number of classes is taken from the folders) "
+                "or fix the folders.",
             )
 
     @property
@@ -140,8 +141,12 @@ class ImageDataModule(L.LightningDataModule):
             self.datasets["val"] = self._labelled("val", self.eval_transform)
         elif stage == "test":
             if "test" not in self.splits:
-                warnings.warn(f"'{self.root}' has no test/ folder: testing on the validation split.", stacklevel=2)
-            self.datasets["test"] = self._labelled("test" if "test" in self.splits else "val", self.eval_transform)
+                warnings.warn(
+                    f"'{self.root}' has no test/ folder: testing on the validation split.", stacklevel=2
+                )
+            self.datasets["test"] = self._labelled(
+                "test" if "test" in self.splits else "val", self.eval_transform
+            )
         elif stage == "predict":
             self.datasets["predict"] = self._predict_dataset()
 
@@ -155,7 +160,8 @@ class ImageDataModule(L.LightningDataModule):
         model_names = getattr(model, "class_names", None) if model is not None else None
         if model_names is not None and list(model_names) != self.class_names:
             raise UserError(
-                f"The model was trained on classes {list(model_names)}, but '{self.root}' has {self.class_names}.",
+                f"The model was trained on classes {list(model_names)}, "
+                f"but '{self.root}' has {self.class_names}.",
                 "evaluate on data with the same class folders, or train a new model on this data.",
             )
 
@@ -163,13 +169,21 @@ class ImageDataModule(L.LightningDataModule):
         if self.predict_dir is None:
             raise UserError("predict needs a folder of images.", "pass --data.predict_dir=PATH.")
         if not self.predict_dir.is_dir():
-            raise UserError(f"--data.predict_dir '{self.predict_dir}' is not a folder.", "pass a folder of images.")
+            raise UserError(
+                f"--data.predict_dir '{self.predict_dir}' is not a folder.", "pass a folder of images."
+            )
         files = [self.predict_dir / f for f in list_images(self.predict_dir)]
         if not files:
-            raise UserError(f"--data.predict_dir '{self.predict_dir}' has no images.", "point it at image files.")
+            raise UserError(
+                f"--data.predict_dir '{self.predict_dir}' has no images.", "point it at image files."
+            )
         model = self.trainer.lightning_module if self.trainer is not None else None
-        image_size = getattr(model, "image_size", None) or self.image_size  # the size the model was trained at
-        return FileDataset(files, eval_transform(image_size, self.crop_ratio), self.skip_bad_images, self.predict_dir)
+        image_size = (
+            getattr(model, "image_size", None) or self.image_size
+        )  # the size the model was trained at
+        return FileDataset(
+            files, eval_transform(image_size, self.crop_ratio), self.skip_bad_images, self.predict_dir
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.datasets["train"], shuffle=True)

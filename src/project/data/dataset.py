@@ -36,7 +36,11 @@ class FileDataset(Dataset):
     """(uint8 image, position in `files`) pairs for prediction on unlabelled images."""
 
     def __init__(
-        self, files: Sequence[Path], transform: Transform, skip_bad_images: bool = False, root: Path | None = None
+        self,
+        files: Sequence[Path],
+        transform: Transform,
+        skip_bad_images: bool = False,
+        root: Path | None = None,
     ) -> None:
         self.files = list(files)
         self.root = root  # the files are reported relative to it

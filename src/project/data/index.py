@@ -11,7 +11,21 @@ import numpy as np
 from project.errors import UserError
 
 IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"}
+    {
+        ".jpg",
+        ".jpeg",
+        ".jpe",
+        ".png",
+        ".bmp",
+        ".gif",
+        ".tif",
+        ".tiff",
+        ".webp",
+        ".ppm",
+        ".pgm",
+        ".pbm",
+        ".pnm",
+    }
 )
 
 
@@ -65,7 +79,8 @@ def class_folders(root: Path) -> list[str]:
     if not names:
         raise UserError(
             f"Data folder '{root}' has no class sub-folders.",
-            f"put the images of each class in its own folder, e.g. '{root}/cat/001.jpg', '{root}/dog/002.jpg'.",
+            "put the images of each class in its own folder, "
+            f"e.g. '{root}/cat/001.jpg', '{root}/dog/002.jpg'.",
         )
     return names
 
@@ -77,9 +92,9 @@ def scan_folder(root: Path, class_names: list[str] | None = None) -> ImageIndex:
         missing = sorted(set(class_names) - set(found))
         extra = sorted(set(found) - set(class_names))
         raise UserError(
-            f"Class folders in '{root}' differ from the training classes: missing {missing}, unexpected {extra}.",
-            "give every split the same class sub-folders (the training classes are "
-            f"{list(class_names)}).",
+            f"Class folders in '{root}' differ from the training classes: "
+            f"missing {missing}, unexpected {extra}.",
+            f"give every split the same class sub-folders (the training classes are {list(class_names)}).",
         )
     paths: list[str] = []
     labels: list[int] = []

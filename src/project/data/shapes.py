@@ -76,7 +76,10 @@ def _contrasting_colours(rng: np.random.Generator) -> tuple[tuple[int, ...], tup
 def _polygon(centre: np.ndarray, radii: list[float], angle: float) -> list[tuple[float, float]]:
     steps = len(radii)
     return [
-        (centre[0] + r * math.cos(angle + 2 * math.pi * k / steps), centre[1] + r * math.sin(angle + 2 * math.pi * k / steps))
+        (
+            centre[0] + r * math.cos(angle + 2 * math.pi * k / steps),
+            centre[1] + r * math.sin(angle + 2 * math.pi * k / steps),
+        )
         for k, r in enumerate(radii)
     ]
 

@@ -18,7 +18,9 @@ def train_transform(
     auto_augment: AutoAugment = "none",
 ) -> v2.Compose:
     """RandomResizedCrop to `image_size`, optional flip and TrivialAugment/RandAugment, all on uint8."""
-    steps: list[torch.nn.Module] = [v2.RandomResizedCrop(image_size, scale=scale, ratio=ratio, antialias=True)]
+    steps: list[torch.nn.Module] = [
+        v2.RandomResizedCrop(image_size, scale=scale, ratio=ratio, antialias=True)
+    ]
     if hflip:
         steps.append(v2.RandomHorizontalFlip())
     if auto_augment == "trivialaugment":
@@ -30,6 +32,4 @@ def train_transform(
 
 def eval_transform(image_size: int, crop_ratio: float = 0.875) -> v2.Compose:
     """Resize the short side to `image_size / crop_ratio`, then centre-crop `image_size`."""
-    return v2.Compose(
-        [v2.Resize(round(image_size / crop_ratio), antialias=True), v2.CenterCrop(image_size)]
-    )
+    return v2.Compose([v2.Resize(round(image_size / crop_ratio), antialias=True), v2.CenterCrop(image_size)])
