@@ -49,6 +49,7 @@ def fast_args(root: Path, *extra: str) -> list[str]:
         "--trainer.log_every_n_steps=1",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
+        "--export_best.enabled=false",
         *extra,
     ]
 

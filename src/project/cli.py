@@ -9,22 +9,32 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project.callbacks import PredictionWriter
+from project.callbacks import ExportBest, PredictionWriter
 from project.data import ImageDataModule
 from project.errors import UserError, user_message
 from project.model import ImageClassifier
 from project.runs import CHECKPOINTS, eval_run_name, fit_run_name
+from project.trainer import Trainer
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 
 
+# Subcommands that read the model's classes and image size from --ckpt_path, not from a data folder.
+CHECKPOINT_ONLY = ("predict", "export")
+
+
 class ProjectCLI(LightningCLI):
-    """`fit`, `validate`, `test` and `predict`, each starting from configs/default.yaml."""
+    """`fit`, `validate`, `test`, `predict` and `export`, each starting from configs/default.yaml."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
 
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(
             ImageClassifier,
             ImageDataModule,
+            trainer_class=Trainer,
             args=args,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
@@ -34,7 +44,7 @@ class ProjectCLI(LightningCLI):
     def _prepare_subcommand_parser(
         self, klass: type, subcommand: str, **kwargs: Any
     ) -> LightningArgumentParser:
-        # add_arguments_to_parser needs to know which subcommand it builds (predict takes no links)
+        # add_arguments_to_parser needs to know which subcommand it builds (see CHECKPOINT_ONLY)
         self._building = subcommand
         return super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
 
@@ -61,8 +71,8 @@ class ProjectCLI(LightningCLI):
             }
         )
         parser.add_lightning_class_args(PredictionWriter, "predictions")
-        if getattr(self, "_building", None) != "predict":
-            # predict takes classes and image size from its checkpoint, not from a training folder
+        parser.add_lightning_class_args(ExportBest, "export_best")
+        if getattr(self, "_building", None) not in CHECKPOINT_ONLY:
             for key in ("num_classes", "class_names", "image_size"):
                 parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
 
@@ -92,7 +102,7 @@ def with_default_config(args: list[str]) -> list[str]:
     (A `--config` rather than jsonargparse's default_config_files: those drop the class_path of
     optimizer and scheduler callables in jsonargparse 4.53.)
     """
-    if args and args[0] in LightningCLI.subcommands() and DEFAULT_CONFIG.is_file():
+    if args and args[0] in ProjectCLI.subcommands() and DEFAULT_CONFIG.is_file():
         return [args[0], "--config", str(DEFAULT_CONFIG), *args[1:]]
     return list(args)
 

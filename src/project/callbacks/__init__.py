@@ -1,5 +1,6 @@
 """Callbacks: one file per callback."""
 
+from project.callbacks.export import ExportBest
 from project.callbacks.prediction_writer import PredictionWriter
 
-__all__ = ["PredictionWriter"]
+__all__ = ["ExportBest", "PredictionWriter"]

@@ -1,0 +1,270 @@
+"""Export a checkpoint to ONNX and a torch.export program (.pt2), verified before it is kept.
+
+Both take a uint8 RGB batch [N, 3, H, W] at the trained size (preprocessing is baked in) and
+return logits. Files are written under temporary names next to the checkpoint, verified against
+the PyTorch model in eval mode, and only then renamed; `latest.*` links are repointed atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+import project
+from project.data.decode import load_rgb
+from project.data.shapes import CLASSES, draw_shape
+from project.data.transforms import eval_transform
+from project.errors import UserError
+from project.model import ImageClassifier
+
+TOLERANCE = 1e-4  # max |logit difference| accepted between the exported and the PyTorch model
+FORMATS = ("onnx", "pt2")
+
+
+class ExportError(UserError):
+    """An export that failed verification: nothing was written under the final names."""
+
+
+class Deployable(nn.Module):
+    """uint8 images -> logits: the model's own normalization followed by the network, nothing else."""
+
+    def __init__(self, model: ImageClassifier) -> None:
+        super().__init__()
+        self.normalize = model.normalize
+        self.net = model.net
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(self.normalize(images))
+
+
+@dataclass(frozen=True)
+class Exported:
+    onnx: Path
+    pt2: Path
+    sidecar: Path
+    metadata: dict
+
+
+def load_for_export(checkpoint: dict) -> ImageClassifier:
+    """The classifier of a checkpoint of this project, weights loaded, in eval mode, on the CPU."""
+    hp = checkpoint["hyper_parameters"]
+    model = ImageClassifier(
+        num_classes=hp["num_classes"],
+        class_names=hp.get("class_names"),
+        image_size=hp.get("image_size"),
+        backbone=hp["backbone"],
+        mean=tuple(hp["mean"]),
+        std=tuple(hp["std"]),
+        scheduler=None,
+    )
+    # torch.compile'd modules save their weights under `_orig_mod.`; the plain module has none
+    state = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def export_checkpoint(
+    ckpt_path: str | Path,
+    images: Sequence[Path] = (),
+    output_dir: str | Path | None = None,
+    opset: int = 18,
+) -> Exported:
+    """Export `ckpt_path` next to it (or into `output_dir`); verify on random and real images."""
+    ckpt_path = Path(ckpt_path).resolve()
+    if not ckpt_path.is_file():
+        raise UserError(f"Checkpoint '{ckpt_path}' does not exist.", "pass --ckpt_path PATH to a .ckpt file.")
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    model = load_for_export(checkpoint)
+    deployable = Deployable(model).eval()
+    size = model.image_size or 224
+    crop_ratio = checkpoint.get("datamodule_hyper_parameters", {}).get("crop_ratio", 0.875)
+    run = ckpt_path.parent.name
+    monitor, score = _monitored(checkpoint)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    metric = f"-{monitor.replace('/', '_')}={score:.4f}" if score is not None else ""
+    out = Path(output_dir) if output_dir is not None else ckpt_path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{run}{metric}-{stamp}"
+    final = {fmt: out / f"{stem}.{fmt}" for fmt in (*FORMATS, "json")}
+    partial = {fmt: path.with_name(f".{path.name}.partial") for fmt, path in final.items()}
+    try:
+        # one trace serves both formats: the ONNX exporter starts from the same ExportedProgram
+        program = torch.export.export(deployable, (_example(size),), dynamic_shapes=_dynamic_batch())
+        with open(partial["pt2"], "wb") as f:
+            torch.export.save(program, f)
+        _write_onnx(program, size, partial["onnx"], opset)
+        batches = verification_batches(size, crop_ratio, images)
+        verification = verify(deployable, partial["onnx"], partial["pt2"], batches)
+        metadata = _sidecar(
+            checkpoint, ckpt_path, model, crop_ratio, run, monitor, score, opset, verification
+        )
+        metadata["files"] = {fmt: final[fmt].name for fmt in FORMATS}
+        partial["json"].write_text(json.dumps(metadata, indent=2) + "\n")
+        for fmt in final:
+            _fsync(partial[fmt])
+            os.replace(partial[fmt], final[fmt])
+    finally:
+        for path in partial.values():
+            path.unlink(missing_ok=True)
+    for fmt, path in final.items():
+        point(out / f"latest.{fmt}", path.name)
+    return Exported(final["onnx"], final["pt2"], final["json"], metadata)
+
+
+def point(link: Path, target: str) -> None:
+    """Make `link` a relative symlink to `target`, replacing it atomically (rollback: point it back)."""
+    staging = link.with_name(f".{link.name}.new")
+    staging.unlink(missing_ok=True)
+    staging.symlink_to(target)
+    os.replace(staging, link)
+
+
+def _example(size: int, batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8)
+
+
+def _dynamic_batch() -> dict:
+    return {"images": {0: torch.export.Dim("batch", min=1, max=4096)}}
+
+
+def _write_onnx(program: torch.export.ExportedProgram, size: int, path: Path, opset: int) -> None:
+    torch.onnx.export(
+        program,
+        (_example(size),),
+        str(path),
+        input_names=["images"],
+        output_names=["logits"],
+        dynamic_shapes=_dynamic_batch(),
+        opset_version=opset,
+        external_data=False,
+        dynamo=True,
+        verbose=False,
+    )
+
+
+def verification_batches(size: int, crop_ratio: float, images: Sequence[Path]) -> dict[str, torch.Tensor]:
+    """Random uint8 batches of 1 and 7, and 1 and 7 real images (given files, else drawn shapes)."""
+    generator = torch.Generator().manual_seed(0)
+    random = torch.randint(0, 256, (7, 3, size, size), dtype=torch.uint8, generator=generator)
+    transform = eval_transform(size, crop_ratio)
+    if images:
+        real = torch.stack([transform(load_rgb(Path(p))) for p in list(images)[:7]])
+    else:
+        rng = np.random.default_rng(0)
+        drawn = [draw_shape(CLASSES[i % len(CLASSES)], size, rng) for i in range(7)]
+        real = torch.stack([transform(torch.from_numpy(np.asarray(d)).permute(2, 0, 1)) for d in drawn])
+    return {"random-1": random[:1], "random-7": random, "real-1": real[:1], f"real-{len(real)}": real}
+
+
+def verify(model: nn.Module, onnx_path: Path, pt2_path: Path, batches: dict[str, torch.Tensor]) -> dict:
+    """Compare onnxruntime and the reloaded .pt2 with `model`; raise ExportError on any mismatch."""
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        with open(pt2_path, "rb") as f:
+            program = torch.export.load(f).module()
+    except Exception as e:  # onnxruntime and torch.export raise their own types for unreadable files
+        raise ExportError(f"Export verification failed: an exported file does not load ({e}).") from None
+    report: dict[str, dict] = {}
+    failures = []
+    for name, batch in batches.items():
+        with torch.no_grad():
+            expected = model(batch).numpy()
+            candidates = {
+                "onnxruntime": session.run(["logits"], {"images": batch.numpy()})[0],
+                "pt2": program(batch).numpy(),
+            }
+        for runtime, logits in candidates.items():
+            diff = float(np.abs(logits - expected).max())
+            same_top1 = bool((logits.argmax(1) == expected.argmax(1)).all())
+            report.setdefault(runtime, {})[name] = {"max_abs_diff": diff, "top1_equal": same_top1}
+            if not (diff <= TOLERANCE and same_top1):
+                failures.append(f"{runtime} on {name}: max |logit diff| {diff:.2e}, top-1 equal: {same_top1}")
+    if failures:
+        raise ExportError(
+            f"Export verification failed ({'; '.join(failures)}; tolerance {TOLERANCE:g}); no file was kept.",
+            "check that the backbone exports cleanly (torch.export) or try another --opset.",
+        )
+    return {"passed": True, "tolerance": TOLERANCE, "batches": list(batches), "results": report}
+
+
+def _monitored(checkpoint: dict) -> tuple[str, float | None]:
+    for key, state in checkpoint.get("callbacks", {}).items():
+        if key.startswith("ModelCheckpoint") and state.get("current_score") is not None:
+            return state["monitor"], float(state["current_score"])
+    return "val/acc", None
+
+
+def _sidecar(
+    checkpoint: dict,
+    ckpt_path: Path,
+    model: ImageClassifier,
+    crop_ratio: float,
+    run: str,
+    monitor: str,
+    score: float | None,
+    opset: int,
+    verification: dict,
+) -> dict:
+    import onnx
+    import onnxruntime
+
+    size = model.image_size or 224
+    hp = checkpoint["hyper_parameters"]
+    return {
+        "class_names": list(model.class_names or range(hp["num_classes"])),
+        "image_size": size,
+        "input": {"name": "images", "shape": ["N", 3, size, size], "dtype": "uint8", "layout": "NCHW, RGB"},
+        "output": {
+            "name": "logits",
+            "shape": ["N", hp["num_classes"]],
+            "meaning": "logits (softmax for probabilities)",
+        },
+        "preprocessing": {
+            "resize": f"short side to round(image_size / crop_ratio) = {round(size / crop_ratio)}, "
+            "bilinear, antialiased",
+            "crop": f"centre crop {size}x{size}",
+            "crop_ratio": crop_ratio,
+            "normalization": {"mean": list(hp["mean"]), "std": list(hp["std"]), "baked_in": True},
+        },
+        "source_checkpoint": {"path": str(ckpt_path), "sha256": _sha256(ckpt_path)},
+        "metrics": {
+            monitor: score,
+            "epoch": checkpoint.get("epoch"),
+            "global_step": checkpoint.get("global_step"),
+        },
+        "backbone": hp["backbone"],
+        "run": run,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": {
+            "project": project.__version__,
+            "torch": torch.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
+        "opset": opset,
+        "verification": verification,
+    }
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())

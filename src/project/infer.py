@@ -1,0 +1,133 @@
+"""Classify image files with an exported ONNX model: onnxruntime, numpy and Pillow only.
+
+    python -m project infer --model checkpoints/<run>/latest.onnx [--top_k 5] [--output CSV] FILE_OR_DIR...
+
+The sidecar JSON next to the model gives the class names and the image size; the resize and
+centre crop match validation (torchvision's Resize + CenterCrop), and the model itself
+normalizes. Importing this module imports neither torch nor lightning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+
+EXTENSIONS = {
+    ".jpg",
+    ".jpeg",
+    ".jpe",
+    ".png",
+    ".bmp",
+    ".gif",
+    ".tif",
+    ".tiff",
+    ".webp",
+    ".ppm",
+    ".pgm",
+    ".pbm",
+}
+
+
+class Classifier:
+    """An exported model and its sidecar: `classify(paths)` -> rows of (file, top-k names, probabilities)."""
+
+    def __init__(self, model: str | Path, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        model = Path(model)
+        sidecar = model.with_suffix(".json")
+        if not model.is_file() or not sidecar.is_file():
+            sys.exit(
+                f"error: need the model and its sidecar: '{model}' and '{sidecar}'. "
+                "Fix: pass an .onnx written by `python -m project export`."
+            )
+        self.meta = json.loads(sidecar.read_text())
+        self.class_names = [str(c) for c in self.meta["class_names"]]
+        self.size = int(self.meta["image_size"])
+        self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+    def preprocess(self, path: Path) -> np.ndarray:
+        """uint8 [3, size, size]: upright, RGB, short side resized, centre-cropped."""
+        with Image.open(path) as img:
+            img = ImageOps.exif_transpose(img).convert("RGB")
+        width, height = img.size
+        short, long = (width, height) if width <= height else (height, width)
+        new_long = int(self.resize_to * long / short)  # torchvision's rounding
+        new_size = (self.resize_to, new_long) if width <= height else (new_long, self.resize_to)
+        img = img.resize(new_size, Image.Resampling.BILINEAR, reducing_gap=None)
+        left = round((img.width - self.size) / 2.0)
+        top = round((img.height - self.size) / 2.0)
+        img = img.crop((left, top, left + self.size, top + self.size))
+        return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
+
+    def probabilities(self, batch: np.ndarray) -> np.ndarray:
+        logits = self.session.run(["logits"], {"images": batch})[0]
+        exp = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return exp / exp.sum(axis=1, keepdims=True)
+
+    def classify(self, paths: Sequence[Path], top_k: int = 5, batch_size: int = 32) -> Iterator[tuple]:
+        k = min(top_k, len(self.class_names))
+        for start in range(0, len(paths), batch_size):
+            chunk = paths[start : start + batch_size]
+            probs = self.probabilities(np.stack([self.preprocess(p) for p in chunk]))
+            for path, p in zip(chunk, probs, strict=True):
+                top = np.argsort(-p, kind="stable")[:k]
+                yield path, [self.class_names[i] for i in top], [float(p[i]) for i in top]
+
+
+def image_files(inputs: Sequence[str]) -> list[Path]:
+    files: list[Path] = []
+    for item in map(Path, inputs):
+        if item.is_dir():
+            found = (Path(d) / f for d, _, names in os.walk(item) for f in names)
+            files += sorted(p for p in found if p.suffix.lower() in EXTENSIONS and not p.name.startswith("."))
+        else:
+            files.append(item)
+    return files
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m project infer", description=__doc__.split("\n\n")[0])
+    parser.add_argument("inputs", nargs="+", help="image files or folders (searched recursively)")
+    parser.add_argument("--model", required=True, help="exported .onnx file (its .json sidecar beside it)")
+    parser.add_argument("--top_k", type=int, default=5)
+    parser.add_argument("--output", help="write a CSV here instead of printing")
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    args = parser.parse_args(argv)
+    classifier = Classifier(args.model, args.threads)
+    files = image_files(args.inputs)
+    if not files:
+        sys.exit(f"error: no image files in {args.inputs}. Fix: pass image files or folders of images.")
+    rows = classifier.classify(files, args.top_k)
+    if args.output is None:
+        for path, names, probs in rows:
+            print(f"{path}\t" + "\t".join(f"{n} {p:.4f}" for n, p in zip(names, probs, strict=True)))
+        return
+    with open(args.output, "w", newline="") as f:
+        writer = csv.writer(f)
+        k = min(args.top_k, len(classifier.class_names))
+        writer.writerow(
+            ["file", "class_name", "probability"]
+            + [f"top{i}_{c}" for i in range(1, k + 1) for c in ("class", "probability")]
+        )
+        for path, names, probs in rows:
+            writer.writerow(
+                [
+                    str(path),
+                    names[0],
+                    f"{probs[0]:.6f}",
+                    *(v for pair in zip(names, (f"{p:.6f}" for p in probs), strict=True) for v in pair),
+                ]
+            )

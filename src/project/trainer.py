@@ -1,0 +1,44 @@
+"""The Lightning Trainer plus an `export` method, which LightningCLI turns into a subcommand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+
+from project.export import export_checkpoint
+
+
+class Trainer(L.Trainer):
+    """lightning.Trainer with `export` (ONNX + .pt2, verified) next to fit/validate/test/predict."""
+
+    def export(
+        self,
+        model: L.LightningModule,
+        datamodule: L.LightningDataModule | None = None,
+        ckpt_path: str | None = None,
+        output_dir: str | None = None,
+        opset: int = 18,
+    ) -> None:
+        """Export a checkpoint to ONNX and .pt2, verified against PyTorch, with a JSON sidecar.
+
+        Args:
+            model: Unused (the checkpoint holds the model); LightningCLI passes it.
+            datamodule: Its validation images, when it has any on disk, are used for verification.
+            ckpt_path: The checkpoint to export.
+            output_dir: Where to write; default: next to the checkpoint.
+            opset: ONNX opset version.
+        """
+        images = validation_images(datamodule)
+        result = export_checkpoint(ckpt_path, images=images, output_dir=output_dir, opset=opset)
+        print(f"Exported {result.onnx}\n         {result.pt2}\n         {result.sidecar}")
+
+
+def validation_images(datamodule: L.LightningDataModule | None, count: int = 7) -> list[Path]:
+    """A few validation files to verify exports on, or none when the data is not on disk."""
+    root = getattr(datamodule, "root", None)
+    if root is None or not Path(root).is_dir():
+        return []
+    index = datamodule.splits["val"]
+    step = max(1, len(index) // count)
+    return [index.path(i) for i in range(0, len(index), step)][:count]

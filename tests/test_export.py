@@ -1,0 +1,154 @@
+"""Export: ONNX + .pt2 + sidecar, verified; the end-of-fit hook; the torch-free inference command."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from project import export
+from project.export import ExportError, export_checkpoint, verification_batches, verify
+from tests.conftest import fast_args, run_cli
+
+SIDECAR_KEYS = {
+    "class_names", "image_size", "input", "output", "preprocessing", "source_checkpoint", "metrics",
+    "run", "created", "versions", "opset", "verification", "files",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path:
+    """A fit whose end-of-fit hook exported the best checkpoint; returns the working folder."""
+    work = tmp_path_factory.mktemp("export-work")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)
+        assert run_cli("fit", *fast_args(shapes_root, "--name=x", "--export_best.enabled=true")) == 0
+    return work
+
+
+def run_dir(work: Path) -> Path:
+    return work / "checkpoints" / "x"
+
+
+def test_fit_hook_exports_the_best_checkpoint(trained: Path) -> None:
+    folder = run_dir(trained)
+    sidecar = json.loads((folder / "latest.json").read_text())
+    assert set(sidecar) >= SIDECAR_KEYS
+    assert sidecar["class_names"] == ["circle", "cross", "ring", "square", "star", "triangle"]
+    assert sidecar["image_size"] == 32 and sidecar["input"]["dtype"] == "uint8"
+    assert sidecar["verification"]["passed"] is True
+    results = sidecar["verification"]["results"]
+    assert set(results) == {"onnxruntime", "pt2"}
+    assert {"random-1", "random-7", "real-1", "real-7"} == set(results["onnxruntime"])
+    assert all(r["max_abs_diff"] <= 1e-4 and r["top1_equal"] for rt in results.values() for r in rt.values())
+    best = sidecar["source_checkpoint"]["path"]
+    assert Path(best).name.startswith("epoch=000-val_acc=")
+    for fmt in ("onnx", "pt2", "json"):
+        target = os.readlink(folder / f"latest.{fmt}")
+        assert target.startswith("x-val_acc=") and target.endswith(f".{fmt}") and (folder / target).is_file()
+
+
+def test_dynamic_batch(trained: Path) -> None:
+    session = ort.InferenceSession(str(run_dir(trained) / "latest.onnx"), providers=["CPUExecutionProvider"])
+    for n in (1, 2, 7):
+        images = np.random.default_rng(n).integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+        assert session.run(["logits"], {"images": images})[0].shape == (n, 6)
+
+
+def tampered_copy(source: Path, target: Path) -> Path:
+    model = onnx.load(str(source))
+    weight = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.5, weight.name))
+    onnx.save(model, str(target))
+    return target
+
+
+def test_tampered_export_fails_verification(trained: Path, tmp_path: Path) -> None:
+    folder = run_dir(trained)
+    bad = tampered_copy(folder / "latest.onnx", tmp_path / "bad.onnx")
+    import torch
+
+    checkpoint = torch.load(folder / "last.ckpt", map_location="cpu", weights_only=True)
+    model = export.Deployable(export.load_for_export(checkpoint)).eval()
+    with pytest.raises(
+        ExportError, match=r"verification failed \(onnxruntime on random-1: max \|logit diff\|"
+    ):
+        verify(model, bad, folder / "latest.pt2", verification_batches(32, 0.875, []))
+
+
+def test_failed_verification_leaves_nothing(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = run_dir(trained)
+    bad = tampered_copy(folder / "latest.onnx", tmp_path / "bad.onnx")
+    monkeypatch.setattr(
+        export, "_write_onnx", lambda program, size, path, opset: path.write_bytes(bad.read_bytes())
+    )
+    before = {p.name: os.readlink(p) if p.is_symlink() else None for p in folder.iterdir()}
+    with pytest.raises(ExportError, match="no file was kept"):
+        export_checkpoint(folder / "last.ckpt")
+    after = {p.name: os.readlink(p) if p.is_symlink() else None for p in folder.iterdir()}
+    assert after == before
+
+
+def test_export_subcommand_repoints_latest_and_keeps_the_old(
+    trained: Path, shapes_root: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(trained)
+    folder = run_dir(trained)
+    old = os.readlink(folder / "latest.onnx")
+    args = [f"--ckpt_path={folder / 'last.ckpt'}", f"--data.root={shapes_root}", "--data.num_workers=0"]
+    assert run_cli("export", *args) == 0
+    new = os.readlink(folder / "latest.onnx")
+    assert new != old and (folder / old).is_file() and (folder / new).is_file()
+    assert json.loads((folder / "latest.json").read_text())["source_checkpoint"]["path"] == str(
+        folder / "last.ckpt"
+    )
+
+
+def test_infer_agrees_with_predict_without_torch(
+    trained: Path, shapes_root: Path, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(trained)
+    folder = run_dir(trained)
+    images = shapes_root / "val"
+    predicted = tmp_path / "predict.csv"
+    args = [
+        f"--ckpt_path={folder / 'last.ckpt'}",
+        f"--data.predict_dir={images}",
+        f"--predictions.output={predicted}",
+    ]
+    assert run_cli("predict", *args, "--data.num_workers=0") == 0
+    inferred = tmp_path / "infer.csv"
+    probe = (
+        "import runpy, sys; sys.argv = ['project', 'infer'] + sys.argv[1:]; "
+        "runpy.run_module('project', run_name='__main__'); "
+        "assert 'torch' not in sys.modules and 'lightning' not in sys.modules, 'imported torch'"
+    )
+    command = [
+        sys.executable,
+        "-c",
+        probe,
+        "--model",
+        str(folder / "latest.onnx"),
+        "--output",
+        str(inferred),
+        str(images),
+    ]
+    subprocess.run(command, check=True)
+    with open(predicted) as f:
+        by_predict = {row["file"]: row["class_name"] for row in csv.DictReader(f)}
+    with open(inferred) as f:
+        by_infer = {
+            str(Path(row["file"]).relative_to(images)): row["class_name"] for row in csv.DictReader(f)
+        }
+    assert by_infer == by_predict and len(by_predict) == 24
