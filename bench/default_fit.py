@@ -2,7 +2,8 @@
 
     python bench/default_fit.py [extra fit flags...]
 
-Prints the wall time and the last and best val/acc read back from the TensorBoard events.
+Prints the wall time, the last and best val/acc read back from the TensorBoard events, and when
+(seconds after the command started) each epoch's val/acc was logged.
 """
 
 from __future__ import annotations
@@ -20,16 +21,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         command = [sys.executable, "-m", "project", "fit", "--trainer.enable_progress_bar=false"]
         command += sys.argv[1:]
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()
         subprocess.run(command, cwd=work, check=True, stdout=subprocess.DEVNULL)
         seconds = time.perf_counter() - start
         (run,) = (Path(work) / "logs").iterdir()
         events = EventAccumulator(str(run))
         events.Reload()
-        accuracy = [e.value for e in events.Scalars("val/acc")]
+        logged = events.Scalars("val/acc")
+        accuracy = [e.value for e in logged]
         last, best = accuracy[-1], max(accuracy)
         print(f"wall time {seconds:.1f} s, epochs {len(accuracy)}, val/acc last {last:.4f}, best {best:.4f}")
-        print("val/acc by epoch: " + " ".join(f"{a:.3f}" for a in accuracy))
+        print(
+            "val/acc by epoch: "
+            + " ".join(f"{e.value:.3f} (at {e.wall_time - wall_start:.0f} s)" for e in logged)
+        )
 
 
 if __name__ == "__main__":

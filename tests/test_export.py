@@ -152,3 +152,18 @@ def test_infer_agrees_with_predict_without_torch(
             str(Path(row["file"]).relative_to(images)): row["class_name"] for row in csv.DictReader(f)
         }
     assert by_infer == by_predict and len(by_predict) == 24
+
+
+def test_a_compiled_models_checkpoint_loads_into_a_plain_model() -> None:
+    import torch
+
+    from project.model import ImageClassifier
+
+    model = ImageClassifier(num_classes=3, class_names=["a", "b", "c"], image_size=32, backbone="resnet18")
+    model.net = torch.compile(model.net)  # wrapping (not in-place) prefixes every key with _orig_mod.
+    state = model.state_dict()
+    assert any("_orig_mod." in k for k in state)
+    checkpoint = {"hyper_parameters": dict(model.hparams), "state_dict": state}
+    plain = export.load_for_export(checkpoint)
+    assert torch.equal(plain.net.conv1.weight, model.net._orig_mod.conv1.weight)
+    assert not plain.training
