@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import write_image
 
-from project.data import ImageDataModule
+from project.data.datamodule import ImageDataModule
 from project.errors import UserError
+from tests.conftest import write_image
 
 
 def test_train_val_layout(shapes_root: Path) -> None:

@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project.callbacks import ExportBest, PredictionWriter
-from project.data import ImageDataModule
+from project.data.datamodule import ImageDataModule
 from project.errors import UserError, user_message
 from project.model import ImageClassifier
 from project.runs import CHECKPOINTS, eval_run_name, fit_run_name

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,20 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-EXTENSIONS = {
-    ".jpg",
-    ".jpeg",
-    ".jpe",
-    ".png",
-    ".bmp",
-    ".gif",
-    ".tif",
-    ".tiff",
-    ".webp",
-    ".ppm",
-    ".pgm",
-    ".pbm",
-}
+from project.data.index import list_images  # numpy only: keeps this module free of torch
 
 
 class Classifier:
@@ -88,13 +74,10 @@ class Classifier:
 
 
 def image_files(inputs: Sequence[str]) -> list[Path]:
+    """Files as given; folders searched recursively for images (the same rules as training)."""
     files: list[Path] = []
     for item in map(Path, inputs):
-        if item.is_dir():
-            found = (Path(d) / f for d, _, names in os.walk(item) for f in names)
-            files += sorted(p for p in found if p.suffix.lower() in EXTENSIONS and not p.name.startswith("."))
-        else:
-            files.append(item)
+        files += [item / f for f in list_images(item)] if item.is_dir() else [item]
     return files
 
 

@@ -1,5 +1,4 @@
-"""Data: the file index, decoding, uint8 transforms, the embedded data set and the data module."""
+"""Data: the file index, decoding, uint8 transforms, the embedded data set and the data module.
 
-from project.data.datamodule import ImageDataModule
-
-__all__ = ["ImageDataModule"]
+Nothing is imported here, so that torch-free code (`project.infer`) can use `project.data.index`.
+"""
