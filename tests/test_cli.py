@@ -155,6 +155,12 @@ def test_unknown_key_in_a_config_file(workdir: Path, shapes_root: Path, capsys) 
     assert re.search(r"error: .*batch_sise", capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test", "predict", "export"])
+def test_missing_checkpoint_file(workdir: Path, capsys, subcommand: str) -> None:
+    assert run_cli(subcommand, "--ckpt_path=nowhere/model.ckpt") == 2
+    assert "error: Checkpoint 'nowhere/model.ckpt' (--ckpt_path) does not exist." in capsys.readouterr().err
+
+
 def test_predict_without_checkpoint(workdir: Path, capsys) -> None:
     assert run_cli("predict", "--data.predict_dir=.") == 2
     assert "`predict` needs a trained model. Fix: pass --ckpt_path" in capsys.readouterr().err

@@ -83,6 +83,11 @@ class ProjectCLI(LightningCLI):
                 f"`{self.subcommand}` needs a trained model.",
                 f"pass --ckpt_path PATH (e.g. {CHECKPOINTS}/<run>/last.ckpt).",
             )
+        if config.ckpt_path not in (None, "last") and not Path(config.ckpt_path).is_file():
+            raise UserError(
+                f"Checkpoint '{config.ckpt_path}' (--ckpt_path) does not exist.",
+                f"pass a .ckpt file (runs keep them in {CHECKPOINTS}/<run>/), or `last` to resume.",
+            )
         if self.subcommand == "fit":
             config.name = fit_run_name(config.name, config.ckpt_path)
         else:
