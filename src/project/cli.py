@@ -36,6 +36,11 @@ class ProjectCLI(LightningCLI):
             ImageDataModule,
             trainer_class=Trainer,
             args=args,
+            parser_kwargs={
+                "prog": "python -m project",
+                "description": "Train, evaluate, predict with and export image classifiers. "
+                "Torch-free inference on an export: python -m project infer --help",
+            },
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
             **kwargs,
