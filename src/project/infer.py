@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
+from project import prediction_csv
 from project.data.index import list_images  # numpy only: keeps this module free of torch
 
 
@@ -100,17 +101,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     with open(args.output, "w", newline="") as f:
         writer = csv.writer(f)
-        k = min(args.top_k, len(classifier.class_names))
-        writer.writerow(
-            ["file", "class_name", "probability"]
-            + [f"top{i}_{c}" for i in range(1, k + 1) for c in ("class", "probability")]
-        )
+        writer.writerow(prediction_csv.header(min(args.top_k, len(classifier.class_names))))
         for path, names, probs in rows:
-            writer.writerow(
-                [
-                    str(path),
-                    names[0],
-                    f"{probs[0]:.6f}",
-                    *(v for pair in zip(names, (f"{p:.6f}" for p in probs), strict=True) for v in pair),
-                ]
-            )
+            writer.writerow(prediction_csv.row(str(path), names, probs))

@@ -11,6 +11,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from project import prediction_csv
+
 
 class PredictionWriter(BasePredictionWriter):
     """Stream one CSV row per image to a temporary file; move it to `output` only when predict ends."""
@@ -37,11 +39,9 @@ class PredictionWriter(BasePredictionWriter):
         self.output.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self._partial, "w", newline="", encoding="utf-8")  # noqa: SIM115 (closed at the end)
         self._writer = csv.writer(self._file)
-        k = min(self.top_k, len(pl_module.class_names or [])) or self.top_k
-        header = ["file", "class_name", "probability"]
-        for rank in range(1, k + 1):
-            header += [f"top{rank}_class", f"top{rank}_probability"]
-        self._writer.writerow(header)
+        self._writer.writerow(
+            prediction_csv.header(min(self.top_k, len(pl_module.class_names or [])) or self.top_k)
+        )
 
     def write_on_batch_end(
         self,
@@ -59,10 +59,8 @@ class PredictionWriter(BasePredictionWriter):
         names = pl_module.class_names or [str(i) for i in range(prediction.shape[1])]
         probs, classes = prediction.topk(min(self.top_k, prediction.shape[1]), dim=1)
         for i, top_p, top_c in zip(batch[1].tolist(), probs.tolist(), classes.tolist(), strict=True):
-            row: list[Any] = [_relative(dataset.files[i], dataset.root), names[top_c[0]], f"{top_p[0]:.6f}"]
-            for p, c in zip(top_p, top_c, strict=True):
-                row += [names[c], f"{p:.6f}"]
-            self._writer.writerow(row)
+            file = _relative(dataset.files[i], dataset.root)
+            self._writer.writerow(prediction_csv.row(file, [names[c] for c in top_c], top_p))
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._file is None:
