@@ -39,7 +39,8 @@ class ProjectCLI(LightningCLI):
             parser_kwargs={
                 "prog": "python -m project",
                 "description": "Train, evaluate, predict with and export image classifiers. "
-                "Torch-free inference on an export: python -m project infer --help",
+                "Torch-free inference on an export: python -m project infer --help. "
+                "Start a new task from this template: python -m project new --help",
             },
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,

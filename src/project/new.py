@@ -1,0 +1,254 @@
+"""Start a new task from this template: copy it, rename the package, and commit the copy.
+
+    python -m project new DEST --name NAME
+
+Copies code, configs, tests, docs, bench, README, pyproject and the CI script (no run outputs,
+data, exports, environments, caches or git history); renames the package `src/<old>` to
+`src/NAME` and every code reference to it; creates a git repository with one commit. Imports
+neither torch nor lightning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib.util
+import keyword
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from project.errors import UserError
+
+# The package being copied: the old name in the copy, whatever this package is called today.
+PACKAGE = __name__.partition(".")[0]
+TEMPLATE_ROOT = Path(__file__).resolve().parents[2]
+
+# Never copied: git history, environments, caches, builds, data and exports (anywhere in the tree) ...
+EXCLUDED_NAMES = (
+    ".git",
+    ".venv",
+    "venv",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".mypy_cache",
+    "*.egg-info",
+    "build",
+    "dist",
+    "lightning_logs",
+    "*.pyc",
+    "*.onnx",
+    "*.pt2",
+    "*.ckpt",
+    "*.partial",
+    "predictions*.csv",
+)
+# ... and at the top level: run outputs (their folders are kept through .gitkeep) and data.
+EXCLUDED_TOP = ("data",)
+KEEP_ONLY_GITKEEP = ("logs", "checkpoints")
+
+# Lines of the copy that may still say the old name: prose ("this project") and TOML tables.
+INTENTIONAL = (r"this project\b", r"new project\b", r"\[project\b")
+
+GIT_IDENTITY = ("-c", "user.name=New Task", "-c", "user.email=new-task@localhost")
+
+
+def renamer(old: str, new: str) -> list[tuple[re.Pattern[str], str]]:
+    """Substitutions that rename code references to package `old`, not the word in prose."""
+    o = re.escape(old)
+    return [
+        (re.compile(rf"\b(from|import)(\s+){o}\b"), rf"\1\2{new}"),  # import statements
+        (re.compile(rf"(?<![\w\[.\-/]){o}(?=\.[A-Za-z_])"), new),  # dotted paths, not [project.x] tables
+        (re.compile(rf"(-m\s+){o}\b"), rf"\1{new}"),  # python -m project
+        (re.compile(rf"(?<![\w-])src/{o}\b"), f"src/{new}"),  # the package folder
+        (re.compile(rf"(?P<q>[\"']){o}(?P=q)"), rf"\g<q>{new}\g<q>"),  # "project": module/dist names
+        (re.compile(rf"^{o}( = )", re.MULTILINE), rf"{new}\1"),  # pyproject [project.scripts] entry
+        (re.compile(rf"^# {o}:", re.MULTILINE), f"# {new}:"),  # README title
+    ]
+
+
+def rename_text(text: str, rules: list[tuple[re.Pattern[str], str]]) -> str:
+    for pattern, replacement in rules:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def leftovers(root: Path, old: str = PACKAGE) -> list[str]:
+    """`file:line: text` for each line under `root` that names `old` outside the INTENTIONAL places."""
+    word = re.compile(rf"\b{re.escape(old)}\b")
+    allowed = [re.compile(p) for p in INTENTIONAL]
+    found = []
+    for rel in sorted(_walk(root)):  # _walk skips .git
+        if word.search(rel):
+            found.append(f"{rel}: (its path)")
+        try:
+            lines = (root / rel).read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for n, line in enumerate(lines, 1):
+            rest = line
+            for pattern in allowed:
+                rest = pattern.sub("", rest)
+            if word.search(rest):
+                found.append(f"{rel}:{n}: {line.strip()}")
+    return found
+
+
+def excluded(rel: str) -> bool:
+    """True for a path (relative, with /) that a new task must not inherit."""
+    parts = rel.split("/")
+    if any(fnmatch.fnmatch(part, pattern) for part in parts for pattern in EXCLUDED_NAMES):
+        return True
+    if parts[0] in EXCLUDED_TOP:
+        return True
+    return parts[0] in KEEP_ONLY_GITKEEP and len(parts) > 1 and parts[1:] != [".gitkeep"]
+
+
+def template_files(root: Path) -> list[str]:
+    """The files to copy: git's view (tracked + untracked, not ignored) or a walk, minus exclusions."""
+    git = shutil.which("git")
+    listed = None
+    if git and (root / ".git").exists():
+        listed = subprocess.run(
+            [git, "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+        )
+    if listed is not None and listed.returncode == 0:
+        candidates = {os.fsdecode(p) for p in listed.stdout.split(b"\0") if p}
+    else:  # not a git checkout (or a broken one): walk the tree
+        candidates = set(_walk(root))
+    # a tracked file deleted in the working tree is not copied; links are copied as what they point to
+    return sorted(rel for rel in candidates if not excluded(rel) and (root / rel).is_file())
+
+
+def _walk(root: Path) -> list[str]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        dirnames[:] = [d for d in dirnames if not excluded(os.path.normpath(os.path.join(rel_dir, d)))]
+        files += [os.path.normpath(os.path.join(rel_dir, f)).replace(os.sep, "/") for f in filenames]
+    return files
+
+
+def check_name(name: str, old: str = PACKAGE) -> None:
+    """NAME must work as `import NAME` and must not hide a module Python already finds."""
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise UserError(
+            f"--name '{name}' is not a valid Python package name.",
+            "use letters, digits and underscores, not starting with a digit, and not a keyword "
+            "(e.g. --name leaf_disease).",
+        )
+    if name == old:
+        return
+    if name in ("tests", "bench", "configs", "docs"):
+        raise UserError(f"--name '{name}' is a folder of the template.", "pick another name.")
+    if name in sys.stdlib_module_names or name in sys.builtin_module_names:
+        raise UserError(
+            f"--name '{name}' is a module of Python's standard library; `import {name}` would get that one.",
+            "pick another name (e.g. with a prefix: --name my_" + name + ").",
+        )
+    if importlib.util.find_spec(name) is not None:
+        raise UserError(
+            f"--name '{name}' is already importable here (an installed package), so it would be shadowed.",
+            f"pick another name (e.g. --name {name}_task).",
+        )
+
+
+def check_dest(dest: Path) -> None:
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UserError(
+            f"Destination '{dest}' already exists and is not an empty folder; nothing was written.",
+            "pass a new path (it is created) or an empty folder.",
+        )
+
+
+def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE) -> tuple[int, str | None]:
+    """Write the renamed copy to `dest` via a temporary sibling; return (files copied, commit or None)."""
+    dest = Path(dest).absolute()
+    check_name(name, old)
+    check_dest(dest)
+    if not (root / "pyproject.toml").is_file() or not (root / "src" / old).is_dir():
+        raise UserError(
+            f"The template's sources are not at '{root}' (no pyproject.toml or src/{old}/).",
+            "run `new` from a checkout of the template (pip install -e .), not from an installed wheel.",
+        )
+    files = template_files(root)
+    rules = renamer(old, name)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        for rel in files:
+            target = staging / re.sub(rf"^src/{re.escape(old)}/", f"src/{name}/", rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = (root / rel).read_bytes()
+            try:
+                target.write_text(rename_text(data.decode("utf-8"), rules), encoding="utf-8")
+            except UnicodeDecodeError:  # binary: copied as it is
+                target.write_bytes(data)
+            shutil.copymode(root / rel, target)  # keeps .ci/run executable
+        _tidy(staging)
+        commit = _git_commit(staging, name)
+        if dest.exists():
+            dest.rmdir()  # empty (checked): replaced by the finished copy in one rename
+        os.replace(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return len(files), commit
+
+
+def _tidy(folder: Path) -> None:
+    """Re-sort imports and re-wrap lines the new name made longer, when ruff is installed (else as is)."""
+    ruff = shutil.which("ruff", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    if ruff is None:
+        return
+    for args in (["check", "--fix", "--select", "I"], ["format"]):
+        subprocess.run([ruff, *args, "--quiet", "--no-cache", "."], cwd=folder, capture_output=True)
+
+
+def _git_commit(folder: Path, name: str) -> str | None:
+    """`git init` and one commit; None when git is not installed."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+
+    def run(*args: str) -> str:
+        result = subprocess.run([git, *args], cwd=folder, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise UserError(
+                f"`git {' '.join(args)}` failed in the new project: {result.stderr.strip()}; "
+                "nothing was written.",
+                "fix git (or uninstall it to skip the commit) and run `new` again.",
+            )
+        return result.stdout.strip()
+
+    run("init", "-q")
+    has_identity = subprocess.run([git, "config", "user.email"], cwd=folder, capture_output=True).returncode
+    identity = GIT_IDENTITY if has_identity != 0 else ()
+    run("add", "-A")
+    run(*identity, "-c", "commit.gpgsign=false", "commit", "-q", "--no-verify", "-m", f"Start {name}")
+    return run("rev-parse", "--short", "HEAD")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE} new", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dest", type=Path, help="folder to create (must not exist, or be empty)")
+    parser.add_argument("--name", required=True, help="the new package name, a Python identifier")
+    args = parser.parse_args(argv)
+    try:
+        count, commit = create(args.dest, args.name)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    note = f"git commit {commit}" if commit else "no git repository: git is not installed"
+    print(
+        f"Created {args.name} in {args.dest} ({count} files; {note}). Next:\n"
+        f"  cd {args.dest} && python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'\n"
+        f"  .venv/bin/python -m {args.name} fit\n"
+        f"Adapting it to your task: docs/new-task.md"
+    )

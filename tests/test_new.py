@@ -1,0 +1,175 @@
+"""`python -m project new`: a renamed, committed copy that passes its own tests; mistakes write nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from project import new
+
+OLD = new.PACKAGE
+# the clone runs a fast subset of its own suite (its test_new without this clone-and-run test)
+CLONE_TESTS = (
+    "tests/test_index.py",
+    "tests/test_shapes.py",
+    "tests/test_new.py",
+    "-k",
+    "not passes_its_tests",
+)
+FAST_DEV_RUN = (
+    "--trainer.fast_dev_run=true",
+    "--data.image_size=32",
+    "--data.batch_size=8",
+    "--data.num_workers=0",
+)
+
+
+def run_new(*args: str) -> int:
+    try:
+        new.main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def test_clone_is_renamed_committed_and_passes_its_tests(tmp_path: Path, shapes_root: Path) -> None:
+    dest = tmp_path / "work" / "leaf"
+    assert run_new(str(dest), "--name", "leafnet") == 0
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["leaf"]  # no staging folder left behind
+    assert (dest / "src" / "leafnet" / "cli.py").is_file() and not (dest / "src" / OLD).exists()
+    for kept in (".ci/run", "README.md", "pyproject.toml", "configs/default.yaml", "tests/conftest.py"):
+        assert (dest / kept).is_file(), kept
+    assert os.access(dest / ".ci" / "run", os.X_OK)
+    assert sorted(p.name for p in (dest / "logs").iterdir()) == [".gitkeep"]
+    assert sorted(p.name for p in (dest / "checkpoints").iterdir()) == [".gitkeep"]
+    for absent in ("data", ".venv", ".pytest_cache", ".ruff_cache"):
+        assert not (dest / absent).exists(), absent
+    assert not list(dest.rglob("__pycache__")) and not list(dest.rglob("*.egg-info"))
+    assert new.leftovers(dest, OLD) == []
+    assert 'name = "leafnet"' in (dest / "pyproject.toml").read_text()
+    assert "[project.scripts]" in (dest / "pyproject.toml").read_text()  # TOML tables keep their name
+    assert "class_path: leafnet.schedulers.WarmupCosineLR" in (dest / "configs/default.yaml").read_text()
+    readme = (dest / "README.md").read_text()
+    assert ".venv/bin/python -m leafnet fit" in readme and ".venv/bin/python -m pytest" in readme
+    if shutil.which("git"):
+        log = subprocess.run(["git", "log", "--format=%s"], cwd=dest, capture_output=True, text=True)
+        assert log.stdout.splitlines() == ["Start leafnet"]
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=dest, capture_output=True, text=True)
+        assert status.stdout == ""  # everything copied is committed
+
+    env = {**os.environ, "PYTHONPATH": str(dest / "src")}
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *CLONE_TESTS],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert tests.returncode == 0, tests.stdout[-2000:] + tests.stderr[-2000:]
+    assert " passed" in tests.stdout
+    fit = subprocess.run(
+        [sys.executable, "-m", "leafnet", "fit", f"--data.root={shapes_root}", *FAST_DEV_RUN],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert "Running in `fast_dev_run` mode" in fit.stdout + fit.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("2fast", "is not a valid Python package name"),
+        ("my-task", "is not a valid Python package name"),
+        ("class", "is not a valid Python package name"),
+        ("json", "standard library"),
+        ("torch", "already importable"),
+        ("tests", "is a folder of the template"),
+    ],
+)
+def test_a_bad_name_writes_nothing(tmp_path: Path, capsys, name: str, message: str) -> None:
+    assert run_new(str(tmp_path / "dest"), "--name", name) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --name '{name}'") and message in err and "Fix:" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_non_empty_destination_writes_nothing(tmp_path: Path, capsys) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "mine.txt").write_text("keep me")
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    for target in (dest, afile):
+        assert run_new(str(target), "--name", "leafnet") == 2
+        assert f"'{target}' already exists and is not an empty folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "dest"]
+    assert [p.name for p in dest.iterdir()] == ["mine.txt"]
+
+
+def test_an_empty_destination_folder_is_filled(tmp_path: Path) -> None:
+    dest = tmp_path / "empty"
+    dest.mkdir()
+    count, _ = new.create(dest, "leafnet")
+    assert count > 20 and (dest / "src" / "leafnet" / "__init__.py").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
+def test_outside_git_the_tree_is_walked_with_exclusions(tmp_path: Path) -> None:
+    root = tmp_path / "template"
+    keep = [
+        "pyproject.toml",
+        "src/old_pkg/__init__.py",
+        "src/old_pkg/logo.png",
+        "configs/a.yaml",
+        "logs/.gitkeep",
+        "checkpoints/.gitkeep",
+    ]
+    drop = [
+        ".git/HEAD",
+        ".venv/bin/python",
+        "venv/x",
+        "logs/run/events.out",
+        "checkpoints/run/last.ckpt",
+        "data/shapes/train/a.jpg",
+        "src/old_pkg/__pycache__/x.pyc",
+        "src/old_pkg.egg-info/PKG-INFO",
+        "model.onnx",
+        "exports/model.pt2",
+        ".pytest_cache/v",
+        ".ruff_cache/v",
+        "build/lib/x.py",
+    ]
+    for rel in keep + drop:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("from old_pkg import x\n")
+    (root / "src/old_pkg/logo.png").write_bytes(b"\x89PNG\xff\xfe old_pkg")
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "old_pkg"\n[project.scripts]\nold_pkg = "old_pkg.cli:main"\n'
+    )
+    assert new.template_files(root) == sorted(keep)
+
+    new.create(tmp_path / "copy", "fresh", root=root, old="old_pkg")
+    copy = tmp_path / "copy"
+    assert (copy / "src/fresh/__init__.py").read_text() == "from fresh import x\n"
+    assert (copy / "src/fresh/logo.png").read_bytes() == b"\x89PNG\xff\xfe old_pkg"  # binary: as it was
+    toml = (copy / "pyproject.toml").read_text()
+    assert toml == '[project]\nname = "fresh"\n[project.scripts]\nfresh = "fresh.cli:main"\n'
+
+
+def test_renaming_targets_code_references_not_prose() -> None:
+    rules = new.renamer(OLD, "zz_fresh")
+    code = (
+        "from {0}.data import x\nimport {0}\nclass_path: {0}.schedulers.WarmupCosineLR\n"
+        "python -m {0} fit\nsrc/{0}/cli.py\nrunpy.run_module('{0}')\n"
+    )
+    prose = "A checkpoint of this project.\n[project.optional-dependencies]\nmy_{0}.x\nPROJECT_RUN_NAME\n"
+    text = (code + prose).format(OLD)
+    assert new.rename_text(text, rules) == code.format("zz_fresh") + prose.format(OLD)
