@@ -79,7 +79,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(ExportBest, "export_best")
         if getattr(self, "_building", None) not in CHECKPOINT_ONLY:
-            for key in ("num_classes", "class_names", "image_size"):
+            for key in ("num_classes", "class_names", "image_size", "task"):
                 parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:

@@ -65,6 +65,8 @@ def load_for_export(checkpoint: dict) -> ImageClassifier:
         mean=tuple(hp["mean"]),
         std=tuple(hp["std"]),
         scheduler=None,
+        task=hp.get("task", "multiclass"),
+        threshold=hp.get("threshold", 0.5),
     )
     # torch.compile'd modules save their weights under `_orig_mod.`; the plain module has none
     state = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}
@@ -221,14 +223,19 @@ def _sidecar(
 
     size = model.image_size or 224
     hp = checkpoint["hyper_parameters"]
+    multilabel = model.task == "multilabel"
     return {
         "class_names": list(model.class_names or range(hp["num_classes"])),
         "image_size": size,
+        "task": model.task,
+        **({"threshold": model.threshold} if multilabel else {}),
         "input": {"name": "images", "shape": ["N", 3, size, size], "dtype": "uint8", "layout": "NCHW, RGB"},
         "output": {
             "name": "logits",
             "shape": ["N", hp["num_classes"]],
-            "meaning": "logits (softmax for probabilities)",
+            "meaning": "logits (a sigmoid per label for probabilities)"
+            if multilabel
+            else "logits (softmax for probabilities)",
         },
         "preprocessing": {
             "resize": f"short side to round(image_size / crop_ratio) = {round(size / crop_ratio)}, "

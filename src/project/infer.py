@@ -38,6 +38,8 @@ class Classifier:
             )
         self.meta = json.loads(sidecar.read_text())
         self.class_names = [str(c) for c in self.meta["class_names"]]
+        self.multilabel = self.meta.get("task", "multiclass") == "multilabel"
+        self.threshold = float(self.meta.get("threshold", 0.5))
         self.size = int(self.meta["image_size"])
         self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
         options = ort.SessionOptions()
@@ -61,6 +63,8 @@ class Classifier:
 
     def probabilities(self, batch: np.ndarray) -> np.ndarray:
         logits = self.session.run(["logits"], {"images": batch})[0]
+        if self.multilabel:  # independent labels: a sigmoid each
+            return 1 / (1 + np.exp(-logits))
         exp = np.exp(logits - logits.max(axis=1, keepdims=True))
         return exp / exp.sum(axis=1, keepdims=True)
 
@@ -94,6 +98,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     files = image_files(args.inputs)
     if not files:
         sys.exit(f"error: no image files in {args.inputs}. Fix: pass image files or folders of images.")
+    if classifier.multilabel and args.output is not None:  # every label's probability, in label order
+        names = classifier.class_names
+        rows = classifier.classify(files, len(names))
+        with open(args.output, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(prediction_csv.multilabel_header(names))
+            for path, top, probs in rows:
+                by_name = dict(zip(top, probs, strict=True))
+                ordered = [by_name[n] for n in names]
+                writer.writerow(
+                    prediction_csv.multilabel_row(str(path), names, ordered, classifier.threshold)
+                )
+        return
     rows = classifier.classify(files, args.top_k)
     if args.output is None:
         for path, names, probs in rows:

@@ -11,7 +11,14 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics import MaxMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from torchmetrics.classification import (
+    MulticlassAccuracy,
+    MulticlassF1Score,
+    MultilabelAccuracy,
+    MultilabelAveragePrecision,
+    MultilabelExactMatch,
+    MultilabelF1Score,
+)
 
 from project.backbones import build_backbone, head_of
 from project.errors import UserError
@@ -30,6 +37,26 @@ def classification_metrics(num_classes: int, prefix: str) -> MetricCollection:
     if num_classes > 5:
         metrics["top5_acc"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
     # compute groups would share state between top-1 and top-5 accuracy when they happen to agree
+    return MetricCollection(metrics, prefix=prefix, compute_groups=False)
+
+
+def multilabel_metrics(num_labels: int, threshold: float, prefix: str) -> MetricCollection:
+    """Accuracy and F1 averaged over labels, mean average precision, and exact match of the label sets."""
+    metrics = {
+        "acc": MultilabelAccuracy(num_labels, threshold, average="macro"),
+        "f1_macro": MultilabelF1Score(num_labels, threshold, average="macro"),
+        "map": MultilabelAveragePrecision(num_labels, average="macro"),
+        "exact_match": MultilabelExactMatch(num_labels, threshold),
+    }
+    return MetricCollection(metrics, prefix=prefix, compute_groups=False)
+
+
+def per_label_metrics(num_labels: int, threshold: float, prefix: str) -> MetricCollection:
+    """Accuracy and F1 of every label (vectors): logged as `<prefix>acc/<label>` and `<prefix>f1/<label>`."""
+    metrics = {
+        "acc": MultilabelAccuracy(num_labels, threshold, average="none"),
+        "f1": MultilabelF1Score(num_labels, threshold, average="none"),
+    }
     return MetricCollection(metrics, prefix=prefix, compute_groups=False)
 
 
@@ -65,6 +92,8 @@ class ImageClassifier(L.LightningModule):
         std: tuple[float, float, float] = IMAGENET_STD,
         channels_last: bool = False,
         compile: bool = False,
+        task: Literal["multiclass", "multilabel"] = "multiclass",
+        threshold: float = 0.5,
     ) -> None:
         """
         Args:
@@ -85,6 +114,9 @@ class ImageClassifier(L.LightningModule):
             std: Per-channel standard deviation in [0, 1] for normalization.
             channels_last: Run the network in channels-last memory format (faster on recent GPUs).
             compile: Compile the network with torch.compile.
+            task: multiclass (one class per image: softmax, cross-entropy) or multilabel (any number of
+                labels per image: a sigmoid per label, binary cross-entropy); linked from the data.
+            threshold: Multi-label only: a label is predicted when its probability reaches this.
         """
         super().__init__()
         if num_classes is None:
@@ -102,6 +134,8 @@ class ImageClassifier(L.LightningModule):
         self.channels_last = channels_last
         self.compile_net = compile
         self.freeze_backbone = freeze_backbone
+        self.task = task
+        self.threshold = threshold
         self.normalize = Normalize(mean, std)
         self.net = build_backbone(backbone, num_classes, weights)
         if bn_momentum is not None:
@@ -113,11 +147,18 @@ class ImageClassifier(L.LightningModule):
         if freeze_backbone:
             self.net.requires_grad_(False)
             head_of(self.net).requires_grad_(True)
-        self.train_metrics = MetricCollection(
-            {"acc": MulticlassAccuracy(num_classes, average="micro")}, prefix="train/"
-        )
-        self.val_metrics = classification_metrics(num_classes, "val/")
-        self.test_metrics = classification_metrics(num_classes, "test/")
+        if task == "multilabel":
+            train_acc = MultilabelAccuracy(num_classes, threshold, average="macro")
+            self.val_metrics = multilabel_metrics(num_classes, threshold, "val/")
+            self.test_metrics = multilabel_metrics(num_classes, threshold, "test/")
+            self.val_per_label = per_label_metrics(num_classes, threshold, "val/")
+            self.test_per_label = per_label_metrics(num_classes, threshold, "test/")
+        else:
+            train_acc = MulticlassAccuracy(num_classes, average="micro")
+            self.val_metrics = classification_metrics(num_classes, "val/")
+            self.test_metrics = classification_metrics(num_classes, "test/")
+            self.val_per_label = self.test_per_label = None
+        self.train_metrics = MetricCollection({"acc": train_acc}, prefix="train/")
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # kept in checkpoints, so a resumed run knows its best
 
@@ -146,7 +187,14 @@ class ImageClassifier(L.LightningModule):
     def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = batch
         logits = self(images)
+        if self.task == "multilabel":
+            targets = labels.float() * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
+            return F.binary_cross_entropy_with_logits(logits, targets), logits
         return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing), logits
+
+    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """What the metrics see: logits, or for multi-label the probabilities (torchmetrics would guess)."""
+        return logits.float().sigmoid() if self.task == "multilabel" else logits
 
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
@@ -154,26 +202,49 @@ class ImageClassifier(L.LightningModule):
         if batch is None:  # every image of the batch was skipped as unreadable
             return None
         loss, logits = self._loss(batch)
-        self.train_metrics.update(logits.detach(), batch[1])
+        self.train_metrics.update(self._scores(logits.detach()), batch[1])
         self.log("train/loss", loss, prog_bar=True)
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, "val/loss")
+        self._evaluate(batch, self.val_metrics, "val/loss", self.val_per_label)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, "test/loss")
+        self._evaluate(batch, self.test_metrics, "test/loss", self.test_per_label)
 
-    def _evaluate(self, batch: tuple | None, metrics: MetricCollection, loss_name: str) -> None:
+    def _evaluate(
+        self,
+        batch: tuple | None,
+        metrics: MetricCollection,
+        loss_name: str,
+        per_label: MetricCollection | None,
+    ) -> None:
         if batch is None:
             return
         loss, logits = self._loss(batch)
-        metrics.update(logits, batch[1])
+        scores = self._scores(logits)
+        metrics.update(scores, batch[1])
+        if per_label is not None:
+            per_label.update(scores, batch[1])
         self.log(loss_name, loss, on_epoch=True, sync_dist=True, prog_bar=True)
         self.log_dict(metrics, on_epoch=True, prog_bar=loss_name.startswith("val"))
 
+    def _log_per_label(self, per_label: MetricCollection | None) -> None:
+        """Log each label's metrics by name (vectors cannot be logged as metric objects), then reset."""
+        if per_label is None:
+            return
+        if not self.trainer.sanity_checking:
+            names = self.class_names or [str(i) for i in range(self.hparams.num_classes)]
+            for key, values in per_label.compute().items():  # computed across devices already
+                self.log_dict({f"{key}/{name}": v for name, v in zip(names, values, strict=True)})
+        per_label.reset()
+
+    def on_test_epoch_end(self) -> None:
+        self._log_per_label(self.test_per_label)
+
     def on_validation_epoch_end(self) -> None:
+        self._log_per_label(self.val_per_label)
         if self.trainer.sanity_checking:
             return
         self.val_acc_best.update(self.val_metrics["acc"].compute())
@@ -184,7 +255,8 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:
             return None
-        return self(batch[0]).float().softmax(dim=1)
+        logits = self(batch[0]).float()
+        return logits.sigmoid() if self.task == "multilabel" else logits.softmax(dim=1)
 
     # ---- optimization ----
 

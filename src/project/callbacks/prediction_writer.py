@@ -1,4 +1,7 @@
-"""Write `predict` results to a CSV: file, class_name, probability, then the top-k classes."""
+"""Write `predict` results to a CSV: file, class_name, probability, then the top-k classes.
+
+For a multi-label model: file, the predicted labels, and every label's probability.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +42,9 @@ class PredictionWriter(BasePredictionWriter):
         self.output.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self._partial, "w", newline="", encoding="utf-8")  # noqa: SIM115 (closed at the end)
         self._writer = csv.writer(self._file)
+        if _multilabel(pl_module):
+            self._writer.writerow(prediction_csv.multilabel_header(_names(pl_module)))
+            return
         self._writer.writerow(
             prediction_csv.header(min(self.top_k, len(pl_module.class_names or [])) or self.top_k)
         )
@@ -56,7 +62,12 @@ class PredictionWriter(BasePredictionWriter):
         if self._writer is None or prediction is None:
             return
         dataset = trainer.predict_dataloaders.dataset
-        names = pl_module.class_names or [str(i) for i in range(prediction.shape[1])]
+        names = _names(pl_module)
+        if _multilabel(pl_module):
+            for i, probs in zip(batch[1].tolist(), prediction.tolist(), strict=True):
+                file = _relative(dataset.files[i], dataset.root)
+                self._writer.writerow(prediction_csv.multilabel_row(file, names, probs, pl_module.threshold))
+            return
         probs, classes = prediction.topk(min(self.top_k, prediction.shape[1]), dim=1)
         for i, top_p, top_c in zip(batch[1].tolist(), probs.tolist(), classes.tolist(), strict=True):
             file = _relative(dataset.files[i], dataset.root)
@@ -79,6 +90,14 @@ class PredictionWriter(BasePredictionWriter):
             self._file.close()
             self._file = self._writer = None
             self._partial.unlink(missing_ok=True)
+
+
+def _multilabel(pl_module: L.LightningModule) -> bool:
+    return getattr(pl_module, "task", "multiclass") == "multilabel"
+
+
+def _names(pl_module: L.LightningModule) -> list[str]:
+    return list(pl_module.class_names or [str(i) for i in range(pl_module.hparams.num_classes)])
 
 
 def _relative(path: Path, root: Path) -> str:

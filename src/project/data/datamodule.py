@@ -8,17 +8,22 @@ from functools import cached_property
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
 from project.data.index import ImageIndex, list_images, scan_folder, stratified_split
+from project.data.labels_csv import read_labels_csv
+from project.data.multishapes import generate_multishapes
 from project.data.shapes import generate_shapes
 from project.data.transforms import AutoAugment, eval_transform, train_transform
 from project.errors import UserError
 
 EMBEDDED_ROOT = Path("data") / "shapes"
+# the multi-label example (configs/experiments/multilabel.yaml): generated on first use, like the shapes
+EMBEDDED_MULTILABEL_CSV = Path("data") / "multishapes" / "labels.csv"
 
 
 def default_num_workers() -> int:
@@ -28,7 +33,10 @@ def default_num_workers() -> int:
 
 
 class ImageDataModule(L.LightningDataModule):
-    """Images in ImageFolder layout: `root/{train,val[,test]}/<class>/*`, or `root/<class>/*` + val_split."""
+    """Images in ImageFolder layout: `root/{train,val[,test]}/<class>/*`, or `root/<class>/*` + val_split.
+
+    Multi-label: `labels_csv` lists the images and their labels instead (see data/labels_csv.py).
+    """
 
     def __init__(
         self,
@@ -46,6 +54,8 @@ class ImageDataModule(L.LightningDataModule):
         num_workers: int | None = None,
         skip_bad_images: bool = False,
         predict_dir: str | None = None,
+        labels_csv: str | None = None,
+        label_delimiter: str = " ",
     ) -> None:
         """
         Args:
@@ -63,12 +73,21 @@ class ImageDataModule(L.LightningDataModule):
             num_workers: DataLoader worker processes; null means one per CPU core (at most 8).
             skip_bad_images: Skip files that cannot be decoded (with a warning) instead of stopping.
             predict_dir: Folder of images (searched recursively) for `predict`.
+            labels_csv: Multi-label data: a CSV of `file,labels[,split]` rows (files relative to root, or
+                to the CSV's folder when root is null). Makes the model multi-label (sigmoid + BCE).
+                data/multishapes/labels.csv, the embedded example, is generated on first use.
+            label_delimiter: What separates the labels in the CSV's labels column (" ": any whitespace).
         """
         super().__init__()
         # num_classes and image_size are linked to the model and stored with it: one place, no disagreement
         self.save_hyperparameters(ignore=["num_classes", "image_size"])
-        self.root = Path(root) if root is not None else EMBEDDED_ROOT
-        self.embedded = root is None
+        self.labels_csv = Path(labels_csv) if labels_csv is not None else None
+        self.label_delimiter = label_delimiter
+        if self.labels_csv is not None:
+            self.root = Path(root) if root is not None else self.labels_csv.parent
+        else:
+            self.root = Path(root) if root is not None else EMBEDDED_ROOT
+        self.embedded = root is None and labels_csv is None
         self.val_split = val_split
         self.split_seed = split_seed
         self.expected_num_classes = num_classes
@@ -89,7 +108,9 @@ class ImageDataModule(L.LightningDataModule):
         """The labelled indices by split name: train, val and, when present, test."""
         if self.embedded:
             generate_shapes(self.root)
-        if (self.root / "train").is_dir():
+        if self.labels_csv is not None:
+            splits = self._csv_splits()
+        elif (self.root / "train").is_dir():
             train = scan_folder(self.root / "train")
             names = list(train.class_names)
             if (self.root / "val").is_dir():
@@ -104,14 +125,33 @@ class ImageDataModule(L.LightningDataModule):
         self._check_num_classes(splits["train"].class_names)
         return splits
 
-    def _split(self, index: ImageIndex, problem: str) -> dict[str, ImageIndex]:
+    def _csv_splits(self) -> dict[str, ImageIndex]:
+        if self.labels_csv == EMBEDDED_MULTILABEL_CSV:
+            generate_multishapes(EMBEDDED_MULTILABEL_CSV.parent)
+        index, split = read_labels_csv(self.labels_csv, self.root, self.label_delimiter)
+        if split is None:
+            return self._split(
+                index, f"'{self.labels_csv}' has no split column.", "a split column (train/val)"
+            )
+        splits = {name: index.subset(np.flatnonzero(split == name)) for name in ("train", "val", "test")}
+        if not len(splits["train"]) or not len(splits["val"]):
+            raise UserError(
+                f"'{self.labels_csv}' needs rows with split train and with split val.",
+                "mark some rows val (or drop the split column and use --data.val_split=0.1).",
+            )
+        return {name: part for name, part in splits.items() if len(part)}
+
+    def _split(
+        self, index: ImageIndex, problem: str, instead: str = "a val/ folder with the same class folders"
+    ) -> dict[str, ImageIndex]:
         if self.val_split is None:
             raise UserError(
                 problem,
-                "add a val/ folder with the same class folders, or hold out a seeded, stratified "
-                "fraction with --data.val_split=0.1.",
+                f"add {instead}, or hold out a seeded, stratified fraction with --data.val_split=0.1.",
             )
-        train, val = stratified_split(index.labels, self.val_split, self.split_seed)
+        # multi-label rows have no one class to stratify by: one stratum, a seeded random split
+        strata = index.labels if index.labels.ndim == 1 else np.zeros(len(index), dtype=np.int64)
+        train, val = stratified_split(strata, self.val_split, self.split_seed)
         return {"train": index.subset(train), "val": index.subset(val)}
 
     def _check_num_classes(self, found: tuple[str, ...]) -> None:
@@ -126,6 +166,11 @@ class ImageDataModule(L.LightningDataModule):
     @property
     def class_names(self) -> list[str]:
         return list(self.splits["train"].class_names)
+
+    @property
+    def task(self) -> str:
+        """multiclass (one class folder per image) or multilabel (labels from a CSV); linked to the model."""
+        return "multilabel" if self.labels_csv is not None else "multiclass"
 
     @property
     def num_classes(self) -> int:
@@ -158,6 +203,13 @@ class ImageDataModule(L.LightningDataModule):
         """A checkpoint's classes must be the data's classes, in the same order."""
         model = self.trainer.lightning_module if self.trainer is not None else None
         model_names = getattr(model, "class_names", None) if model is not None else None
+        model_task = getattr(model, "task", self.task) if model is not None else self.task
+        if model_task != self.task:
+            raise UserError(
+                f"The model is {model_task}, but the data is {self.task} "
+                f"({'--data.labels_csv' if self.labels_csv else 'class folders'}).",
+                "evaluate a multi-label model on a labels CSV, a multi-class one on class folders.",
+            )
         if model_names is not None and list(model_names) != self.class_names:
             raise UserError(
                 f"The model was trained on classes {list(model_names)}, "

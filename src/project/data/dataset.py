@@ -27,9 +27,12 @@ class ImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int | torch.Tensor] | None:
         image = _load(self.index.path(i), self)
-        return None if image is None else (self.transform(image), int(self.index.labels[i]))
+        if image is None:
+            return None
+        label = self.index.labels[i]  # a class, or a multi-hot uint8 row for multi-label data
+        return self.transform(image), (torch.from_numpy(label.copy()) if label.ndim else int(label))
 
 
 class FileDataset(Dataset):

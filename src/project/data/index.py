@@ -31,7 +31,10 @@ IMAGE_EXTENSIONS = frozenset(
 
 @dataclass(frozen=True)
 class ImageIndex:
-    """Relative file paths (fixed-width bytes) and int64 labels; no per-sample Python objects."""
+    """Relative file paths (fixed-width bytes) and labels; no per-sample Python objects.
+
+    `labels` is an int64 class per image, or for multi-label data a uint8 multi-hot matrix [N, classes].
+    """
 
     root: Path
     paths: np.ndarray
@@ -48,7 +51,10 @@ class ImageIndex:
         return ImageIndex(self.root, self.paths[indices], self.labels[indices], self.class_names)
 
     def class_counts(self) -> dict[str, int]:
-        counts = np.bincount(self.labels, minlength=len(self.class_names))
+        if self.labels.ndim == 2:  # multi-label: images that carry each label
+            counts = self.labels.sum(axis=0, dtype=np.int64)
+        else:
+            counts = np.bincount(self.labels, minlength=len(self.class_names))
         return dict(zip(self.class_names, counts.tolist(), strict=True))
 
 

@@ -120,3 +120,10 @@ _DRAW = {
     "star": _star,
     "triangle": _triangle,
 }
+
+
+def paint(
+    draw: ImageDraw.ImageDraw, name: str, centre: np.ndarray, radius: float, angle: float, fill: tuple
+) -> None:
+    """Draw one shape `name` onto an image (also used by the multi-label example, data/multishapes.py)."""
+    _DRAW[name](draw, centre, radius, angle, fill)
