@@ -22,7 +22,7 @@ CELLS = ((0, 0), (1, 0), (0, 1), (1, 1))  # quarters of the image, as (column, r
 
 
 def generate_multishapes(
-    root: Path, train: int = 2000, val: int = 400, image_size: int = 64, seed: int = 0
+    root: Path, train: int = 4000, val: int = 400, image_size: int = 64, seed: int = 0
 ) -> Path:
     """Write the images and `root/labels.csv` unless `root` exists; return `root`."""
     root = Path(root)
