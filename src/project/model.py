@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
-from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from project.backbones import build_backbone, head_of
@@ -118,6 +118,8 @@ class ImageClassifier(L.LightningModule):
         )
         self.val_metrics = classification_metrics(num_classes, "val/")
         self.test_metrics = classification_metrics(num_classes, "test/")
+        # a metric, not a logged mean of means: exact over all images, also across DDP ranks
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # kept in checkpoints, so a resumed run knows its best
 
@@ -160,24 +162,27 @@ class ImageClassifier(L.LightningModule):
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, "val/loss")
+        self._evaluate(batch, self.val_metrics, self.val_loss, "val/loss")
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, "test/loss")
+        self._evaluate(batch, self.test_metrics, self.test_loss, "test/loss")
 
-    def _evaluate(self, batch: tuple | None, metrics: MetricCollection, loss_name: str) -> None:
+    def _evaluate(
+        self, batch: tuple | None, metrics: MetricCollection, loss_metric: MeanMetric, loss_name: str
+    ) -> None:
         if batch is None:
             return
         loss, logits = self._loss(batch)
         metrics.update(logits, batch[1])
-        self.log(loss_name, loss, on_epoch=True, sync_dist=True, prog_bar=True)
+        loss_metric.update(loss, weight=len(batch[1]))
+        self.log(loss_name, loss_metric, on_epoch=True, prog_bar=True)
         self.log_dict(metrics, on_epoch=True, prog_bar=loss_name.startswith("val"))
 
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:
             return
         self.val_acc_best.update(self.val_metrics["acc"].compute())
-        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=False)
+        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)  # equal on every rank
 
     def predict_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
