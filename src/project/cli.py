@@ -9,7 +9,7 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project.callbacks import ExportBest, PredictionWriter
+from project.callbacks import DataCheck, ExportBest, GradNormMonitor, NonFiniteGuard, PredictionWriter
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError, user_message
 from project.model import ImageClassifier
@@ -21,14 +21,20 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml
 
 # Subcommands that read the model's classes and image size from --ckpt_path, not from a data folder.
 CHECKPOINT_ONLY = ("predict", "export")
+# Subcommands that only look at the configured model and data: no checkpoint, no run folder.
+DRY = ("memory",)
 
 
 class ProjectCLI(LightningCLI):
-    """`fit`, `validate`, `test`, `predict` and `export`, each starting from configs/default.yaml."""
+    """fit, validate, test, predict, export and memory, each starting from configs/default.yaml."""
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
+        return {
+            **LightningCLI.subcommands(),
+            "export": {"model", "datamodule"},
+            "memory": {"model", "datamodule"},
+        }
 
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(
@@ -78,12 +84,18 @@ class ProjectCLI(LightningCLI):
         )
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(ExportBest, "export_best")
+        parser.add_lightning_class_args(DataCheck, "data_check")
+        parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
+        parser.add_lightning_class_args(GradNormMonitor, "grad_norm")
         if getattr(self, "_building", None) not in CHECKPOINT_ONLY:
             for key in ("num_classes", "class_names", "image_size", "task"):
                 parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        if self.subcommand in DRY:
+            config.trainer.logger = False
+            return
         if self.subcommand != "fit" and not config.ckpt_path:
             raise UserError(
                 f"`{self.subcommand}` needs a trained model.",

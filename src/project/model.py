@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
-from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import (
     MulticlassAccuracy,
     MulticlassF1Score,
@@ -159,6 +159,8 @@ class ImageClassifier(L.LightningModule):
             self.test_metrics = classification_metrics(num_classes, "test/")
             self.val_per_label = self.test_per_label = None
         self.train_metrics = MetricCollection({"acc": train_acc}, prefix="train/")
+        # a metric, not a logged mean of means: exact over all images, also across DDP ranks
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # kept in checkpoints, so a resumed run knows its best
 
@@ -208,15 +210,16 @@ class ImageClassifier(L.LightningModule):
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, "val/loss", self.val_per_label)
+        self._evaluate(batch, self.val_metrics, self.val_loss, "val/loss", self.val_per_label)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, "test/loss", self.test_per_label)
+        self._evaluate(batch, self.test_metrics, self.test_loss, "test/loss", self.test_per_label)
 
     def _evaluate(
         self,
         batch: tuple | None,
         metrics: MetricCollection,
+        loss_metric: MeanMetric,
         loss_name: str,
         per_label: MetricCollection | None,
     ) -> None:
@@ -227,7 +230,8 @@ class ImageClassifier(L.LightningModule):
         metrics.update(scores, batch[1])
         if per_label is not None:
             per_label.update(scores, batch[1])
-        self.log(loss_name, loss, on_epoch=True, sync_dist=True, prog_bar=True)
+        loss_metric.update(loss, weight=len(batch[1]))
+        self.log(loss_name, loss_metric, on_epoch=True, prog_bar=True)
         self.log_dict(metrics, on_epoch=True, prog_bar=loss_name.startswith("val"))
 
     def _log_per_label(self, per_label: MetricCollection | None) -> None:
@@ -237,7 +241,8 @@ class ImageClassifier(L.LightningModule):
         if not self.trainer.sanity_checking:
             names = self.class_names or [str(i) for i in range(self.hparams.num_classes)]
             for key, values in per_label.compute().items():  # computed across devices already
-                self.log_dict({f"{key}/{name}": v for name, v in zip(names, values, strict=True)})
+                by_name = {f"{key}/{name}": v for name, v in zip(names, values, strict=True)}
+                self.log_dict(by_name, sync_dist=True)  # equal on every rank
         per_label.reset()
 
     def on_test_epoch_end(self) -> None:
@@ -248,7 +253,7 @@ class ImageClassifier(L.LightningModule):
         if self.trainer.sanity_checking:
             return
         self.val_acc_best.update(self.val_metrics["acc"].compute())
-        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=False)
+        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)  # equal on every rank
 
     def predict_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int

@@ -53,8 +53,9 @@ EXCLUDED_NAMES = (
 EXCLUDED_TOP = ("data",)
 KEEP_ONLY_GITKEEP = ("logs", "checkpoints")
 
-# Lines of the copy that may still say the old name: prose ("this project") and TOML tables.
-INTENTIONAL = (r"this project\b", r"new project\b", r"\[project\b")
+# Where the copy may still say the old name: prose ("this project"), pyproject's [project] tables,
+# and a test helper function called project(...).
+INTENTIONAL = (r"this project\b", r"the project\b", r"new project\b", r"\[project\b", r"\bproject\(")
 
 GIT_IDENTITY = ("-c", "user.name=New Task", "-c", "user.email=new-task@localhost")
 
