@@ -9,7 +9,15 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project.callbacks import ExportBest, PredictionWriter
+from project.callbacks import (
+    ConfusionMatrix,
+    ExportBest,
+    HParams,
+    Misclassified,
+    PredictionWriter,
+    Throughput,
+    TrainingImages,
+)
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError, user_message
 from project.model import ImageClassifier
@@ -39,7 +47,8 @@ class ProjectCLI(LightningCLI):
             parser_kwargs={
                 "prog": "python -m project",
                 "description": "Train, evaluate, predict with and export image classifiers. "
-                "Torch-free inference on an export: python -m project infer --help",
+                "Torch-free inference on an export: python -m project infer --help; "
+                "a run's curves as a PNG: python -m project report --help",
             },
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
@@ -77,6 +86,12 @@ class ProjectCLI(LightningCLI):
         )
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(ExportBest, "export_best")
+        # monitoring: what TensorBoard shows besides the scalars (each with an `enabled` switch)
+        parser.add_lightning_class_args(TrainingImages, "training_images")
+        parser.add_lightning_class_args(ConfusionMatrix, "confusion_matrix")
+        parser.add_lightning_class_args(Misclassified, "misclassified")
+        parser.add_lightning_class_args(Throughput, "throughput")
+        parser.add_lightning_class_args(HParams, "hparams")
         if getattr(self, "_building", None) not in CHECKPOINT_ONLY:
             for key in ("num_classes", "class_names", "image_size"):
                 parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")

@@ -159,19 +159,25 @@ class ImageClassifier(L.LightningModule):
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, "val/loss")
+    def validation_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
+    ) -> torch.Tensor | None:
+        # the logits go to the callbacks (confusion matrix, misclassified images): no second forward pass
+        return self._evaluate(batch, self.val_metrics, "val/loss")
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
         self._evaluate(batch, self.test_metrics, "test/loss")
 
-    def _evaluate(self, batch: tuple | None, metrics: MetricCollection, loss_name: str) -> None:
+    def _evaluate(
+        self, batch: tuple | None, metrics: MetricCollection, loss_name: str
+    ) -> torch.Tensor | None:
         if batch is None:
-            return
+            return None
         loss, logits = self._loss(batch)
         metrics.update(logits, batch[1])
         self.log(loss_name, loss, on_epoch=True, sync_dist=True, prog_bar=True)
         self.log_dict(metrics, on_epoch=True, prog_bar=loss_name.startswith("val"))
+        return logits
 
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:

@@ -1,6 +1,19 @@
 """Callbacks: one file per callback."""
 
+from project.callbacks.confusion_matrix import ConfusionMatrix
 from project.callbacks.export import ExportBest
+from project.callbacks.hparams import HParams
+from project.callbacks.misclassified import Misclassified
 from project.callbacks.prediction_writer import PredictionWriter
+from project.callbacks.throughput import Throughput
+from project.callbacks.training_images import TrainingImages
 
-__all__ = ["ExportBest", "PredictionWriter"]
+__all__ = [
+    "ConfusionMatrix",
+    "ExportBest",
+    "HParams",
+    "Misclassified",
+    "PredictionWriter",
+    "Throughput",
+    "TrainingImages",
+]
