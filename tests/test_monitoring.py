@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
@@ -205,3 +206,14 @@ def test_monitoring_switches_off(workdir: Path, shapes_root: Path) -> None:
     assert tags["images"] == [] and tags["tensors"] == []  # no pictures, no counts, no hparams
     assert "val/acc" in tags["scalars"]
     assert not [t for t in tags["scalars"] if t.startswith(("val_class_acc/", "time/", "train/images"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_monitoring_on_gpu(workdir: Path, shapes_root: Path) -> None:
+    assert run_cli("fit", *fast_args(shapes_root, "--name=g", "--trainer.accelerator=gpu")) == 0
+    events = EventAccumulator(str(workdir / "logs" / "g"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert set(events.Tags()["images"]) == {"train/images", "val/confusion_matrix", "val/misclassified"}
+    counts = tensor_util.make_ndarray(events.Tensors("val/confusion_matrix_counts")[-1].tensor_proto)
+    assert counts.sum() == 24

@@ -33,7 +33,7 @@ def report(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_report_draws_the_run(workdir: Path, shapes_root: Path) -> None:
-    assert run_cli("fit", *fast_args(shapes_root, "--name=seen", "--trainer.max_epochs=2")) == 0
+    assert run_cli("fit", *fast_args(shapes_root, "--name=seen")) == 0
     result = report("seen", cwd=workdir)
     assert result.returncode == 0, result.stderr
     png, page = workdir / "logs" / "seen" / "report.png", workdir / "logs" / "seen" / "report.html"
