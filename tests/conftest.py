@@ -6,8 +6,11 @@ import shutil
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
+import torch
 from PIL import Image
+from torch.utils.data import DataLoader, TensorDataset
 
 from project.cli import main
 from project.data.shapes import generate_shapes
@@ -70,3 +73,32 @@ def write_image(path: Path, mode: str = "RGB", size: tuple[int, int] = (20, 12),
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new(mode, size).save(path, **save)
     return path
+
+
+class TensorData(L.LightningDataModule):
+    """In-memory (images, labels) batches, in order: for injecting faults into exact positions."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 8) -> None:
+        super().__init__()
+        self.data = TensorDataset(images, labels)
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+
+def tiny_trainer(*callbacks: L.Callback, **kwargs: object) -> L.Trainer:
+    """A CPU trainer without logs, checkpoints or progress bar."""
+    options = {
+        "max_epochs": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "accelerator": "cpu",
+        **kwargs,
+    }
+    return L.Trainer(callbacks=list(callbacks), **options)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tests.conftest import write_image
 
 from project.data.decode import BadImageError, load_rgb
+from tests.conftest import write_image
 
 
 @pytest.mark.parametrize(

@@ -184,6 +184,7 @@ def test_confusion_matrix_counts_agree_with_accuracy(fitted: tuple[Path, str]) -
     counts = [tensor_util.make_ndarray(e.tensor_proto) for e in events.Tensors("val/confusion_matrix_counts")]
     accuracy = [s.value for s in events.Scalars("val/acc")]
     assert len(counts) == len(accuracy) == 2
+    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
     for matrix, acc in zip(counts, accuracy, strict=True):
         assert matrix.shape == (6, 6) and (matrix.sum(axis=1) == 4).all()  # rows: the true classes
         assert np.trace(matrix) / matrix.sum() == pytest.approx(acc, abs=1e-6)
@@ -203,7 +204,9 @@ def test_monitoring_switches_off(workdir: Path, shapes_root: Path) -> None:
     events = EventAccumulator(str(workdir / "logs" / "quiet"))
     events.Reload()
     tags = events.Tags()
-    assert tags["images"] == [] and tags["tensors"] == []  # no pictures, no counts, no hparams
+    assert tags["images"] == [] and "val/confusion_matrix_counts" not in tags["tensors"]
+    with pytest.raises(KeyError):  # no hparams summaries
+        events.PluginTagToContent("hparams")
     assert "val/acc" in tags["scalars"]
     assert not [t for t in tags["scalars"] if t.startswith(("val_class_acc/", "time/", "train/images"))]
 

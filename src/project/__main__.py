@@ -3,12 +3,17 @@
 import sys
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["infer"]:
+    command = sys.argv[1:2]
+    if command == ["infer"]:
         from project.infer import main
 
         main(sys.argv[2:])
-    elif sys.argv[1:2] == ["report"]:
+    elif command == ["report"]:
         from project.report import main
+
+        main(sys.argv[2:])
+    elif command == ["doctor"]:
+        from project.doctor import main
 
         main(sys.argv[2:])
     else:

@@ -11,9 +11,12 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project.callbacks import (
     ConfusionMatrix,
+    DataCheck,
     ExportBest,
+    GradNormMonitor,
     HParams,
     Misclassified,
+    NonFiniteGuard,
     PredictionWriter,
     Throughput,
     TrainingImages,
@@ -29,14 +32,20 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml
 
 # Subcommands that read the model's classes and image size from --ckpt_path, not from a data folder.
 CHECKPOINT_ONLY = ("predict", "export")
+# Subcommands that only look at the configured model and data: no checkpoint, no run folder.
+DRY = ("memory",)
 
 
 class ProjectCLI(LightningCLI):
-    """`fit`, `validate`, `test`, `predict` and `export`, each starting from configs/default.yaml."""
+    """fit, validate, test, predict, export and memory, each starting from configs/default.yaml."""
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
+        return {
+            **LightningCLI.subcommands(),
+            "export": {"model", "datamodule"},
+            "memory": {"model", "datamodule"},
+        }
 
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(
@@ -86,6 +95,9 @@ class ProjectCLI(LightningCLI):
         )
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(ExportBest, "export_best")
+        parser.add_lightning_class_args(DataCheck, "data_check")
+        parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
+        parser.add_lightning_class_args(GradNormMonitor, "grad_norm")
         # monitoring: what TensorBoard shows besides the scalars (each with an `enabled` switch)
         parser.add_lightning_class_args(TrainingImages, "training_images")
         parser.add_lightning_class_args(ConfusionMatrix, "confusion_matrix")
@@ -98,6 +110,9 @@ class ProjectCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        if self.subcommand in DRY:
+            config.trainer.logger = False
+            return
         if self.subcommand != "fit" and not config.ckpt_path:
             raise UserError(
                 f"`{self.subcommand}` needs a trained model.",

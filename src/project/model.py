@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
-from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from project.backbones import build_backbone, head_of
@@ -118,6 +118,8 @@ class ImageClassifier(L.LightningModule):
         )
         self.val_metrics = classification_metrics(num_classes, "val/")
         self.test_metrics = classification_metrics(num_classes, "test/")
+        # a metric, not a logged mean of means: exact over all images, also across DDP ranks
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # kept in checkpoints, so a resumed run knows its best
 
@@ -163,19 +165,20 @@ class ImageClassifier(L.LightningModule):
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
     ) -> torch.Tensor | None:
         # the logits go to the callbacks (confusion matrix, misclassified images): no second forward pass
-        return self._evaluate(batch, self.val_metrics, "val/loss")
+        return self._evaluate(batch, self.val_metrics, self.val_loss, "val/loss")
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, "test/loss")
+        self._evaluate(batch, self.test_metrics, self.test_loss, "test/loss")
 
     def _evaluate(
-        self, batch: tuple | None, metrics: MetricCollection, loss_name: str
+        self, batch: tuple | None, metrics: MetricCollection, loss_metric: MeanMetric, loss_name: str
     ) -> torch.Tensor | None:
         if batch is None:
             return None
         loss, logits = self._loss(batch)
         metrics.update(logits, batch[1])
-        self.log(loss_name, loss, on_epoch=True, sync_dist=True, prog_bar=True)
+        loss_metric.update(loss, weight=len(batch[1]))
+        self.log(loss_name, loss_metric, on_epoch=True, prog_bar=True)
         self.log_dict(metrics, on_epoch=True, prog_bar=loss_name.startswith("val"))
         return logits
 
@@ -183,7 +186,7 @@ class ImageClassifier(L.LightningModule):
         if self.trainer.sanity_checking:
             return
         self.val_acc_best.update(self.val_metrics["acc"].compute())
-        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=False)
+        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)  # equal on every rank
 
     def predict_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int

@@ -18,6 +18,18 @@ def fit_run_name(name: str | None, ckpt_path: str | None) -> str:
     """The run a `fit` writes to: new and unused, or the one `--ckpt_path` resumes."""
     if os.environ.get("LOCAL_RANK", "0") != "0" and RUN_NAME_ENV in os.environ:
         return os.environ[RUN_NAME_ENV]
+    world_size, rank = launcher_world()
+    if world_size > 1:
+        # torchrun or SLURM started every process (every node) with this command: only a given
+        # name is the same everywhere, and only rank 0 may judge whether it is already taken
+        if name is None:
+            raise UserError(
+                f"This fit runs as {world_size} processes started by a launcher (torchrun, srun), "
+                "which cannot agree on a time-stamped run name.",
+                "pass the same --name to every node, e.g. --name=my-run.",
+            )
+        if rank != 0:
+            return name
     if ckpt_path == "last":
         name = name or newest_run()
         if not any((CHECKPOINTS / name).glob("last*.ckpt")):
@@ -38,6 +50,14 @@ def fit_run_name(name: str | None, ckpt_path: str | None) -> str:
         )
     os.environ[RUN_NAME_ENV] = name
     return name
+
+
+def launcher_world() -> tuple[int, int]:
+    """(world size, global rank) set by torchrun (WORLD_SIZE, RANK) or SLURM (SLURM_NTASKS, SLURM_PROCID)."""
+    for size, rank in (("WORLD_SIZE", "RANK"), ("SLURM_NTASKS", "SLURM_PROCID")):
+        if size in os.environ:
+            return int(os.environ[size]), int(os.environ.get(rank, "0"))
+    return 1, 0
 
 
 def eval_run_name(name: str | None, ckpt_path: str | None) -> str:

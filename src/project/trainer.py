@@ -1,4 +1,4 @@
-"""The Lightning Trainer plus an `export` method, which LightningCLI turns into a subcommand."""
+"""The Lightning Trainer plus `export` and `memory` methods, which LightningCLI turns into subcommands."""
 
 from __future__ import annotations
 
@@ -6,11 +6,22 @@ from pathlib import Path
 
 import lightning as L
 
+from project import memory
 from project.export import export_checkpoint
 
 
 class Trainer(L.Trainer):
-    """lightning.Trainer with `export` (ONNX + .pt2, verified) next to fit/validate/test/predict."""
+    """lightning.Trainer plus `export` (ONNX + .pt2, verified) and `memory` (a budget of one step)."""
+
+    def memory(self, model: L.LightningModule, datamodule: L.LightningDataModule) -> None:
+        """Print the memory one training step needs at the configured batch size and precision, and advice.
+
+        Args:
+            model: The model as `fit` would build it.
+            datamodule: Gives the batch size and image size.
+        """
+        budget = memory.measure(model, self, datamodule.batch_size, datamodule.image_size)
+        print(memory.report(budget, self.accumulate_grad_batches))
 
     def export(
         self,

@@ -10,6 +10,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
@@ -199,10 +200,16 @@ class ImageDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset, shuffle: bool = False) -> DataLoader:
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        sampler = None
+        if not shuffle and self.trainer is not None and self.trainer.world_size > 1:
+            # evaluation counts every image once; Lightning's DistributedSampler would pad with repeats
+            world, rank = self.trainer.world_size, self.trainer.global_rank
+            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
+            sampler=sampler,
             drop_last=shuffle and len(dataset) > self.batch_size,  # no 1-image batch for BatchNorm
             num_workers=self.num_workers,
             pin_memory=on_gpu,

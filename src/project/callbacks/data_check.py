@@ -1,0 +1,152 @@
+"""Look at the data before the first training step, and stop on what would waste the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from project.errors import UserError
+
+
+class DataCheck(Callback):
+    """Class counts per split, then the first training batch: shape, dtype, value ranges and labels.
+
+    Stops with one message on labels outside [0, num_classes), NaN/inf inputs or a constant batch;
+    warns on imbalanced or empty classes. Costs one look at a batch that is trained on anyway.
+    """
+
+    def __init__(self, enabled: bool = True, imbalance_ratio: float = 10.0) -> None:
+        """
+        Args:
+            enabled: Check the data before the first training step (`--data_check.enabled=false` skips it).
+            imbalance_ratio: Warn when a split's largest class has this many times the images of its smallest.
+        """
+        self.enabled = enabled
+        self.imbalance_ratio = imbalance_ratio
+        self._batch_checked = False
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.enabled:
+            return
+        self._batch_checked = False
+        num_classes = pl_module.hparams.get("num_classes")
+        splits = getattr(trainer.datamodule, "splits", None)
+        if not splits or num_classes is None:
+            return
+        for split, index in splits.items():
+            check_labels(np.asarray(index.labels), num_classes, f"The {split} split")
+        table = class_count_table(splits)
+        rank_zero_info(table)
+        log_text(trainer, "data_check/class_counts", table)
+        for split, index in splits.items():
+            self._warn_imbalance(split, index.class_counts())
+
+    def _warn_imbalance(self, split: str, counts: dict[str, int]) -> None:
+        empty = [name for name, n in counts.items() if n == 0]
+        if empty:
+            rank_zero_warn(f"The {split} split has no images of class(es) {empty}.")
+            return
+        most, least = max(counts, key=counts.get), min(counts, key=counts.get)
+        if counts[most] >= self.imbalance_ratio * counts[least]:
+            rank_zero_warn(
+                f"The {split} split is imbalanced: '{most}' has {counts[most]} images, '{least}' "
+                f"{counts[least]} ({counts[most] / counts[least]:.0f}x). Accuracy will favour the large "
+                "classes: watch val/f1_macro, and consider a weighted sampler or loss."
+            )
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not self.enabled or self._batch_checked or batch is None:
+            return
+        self._batch_checked = True
+        if not (isinstance(batch, list | tuple) and len(batch) == 2):
+            return  # not an (images, labels) batch: nothing this check knows how to read
+        images, labels = batch
+        num_classes = pl_module.hparams.get("num_classes")
+        if num_classes is not None:
+            check_labels(labels, num_classes, "The first training batch")
+        check_inputs(images)
+        table = batch_table(images, labels, num_classes)
+        rank_zero_info(table)
+        log_text(trainer, "data_check/first_batch", table)
+
+
+def check_labels(labels: torch.Tensor | np.ndarray, num_classes: int, where: str) -> None:
+    """Class indices must lie in [0, num_classes): anything else is a device-side assert on GPU."""
+    labels = torch.as_tensor(labels).detach().cpu()
+    if labels.is_floating_point() or labels.numel() == 0:
+        return
+    bad = labels[(labels < 0) | (labels >= num_classes)]
+    if bad.numel():
+        values = sorted(set(bad.tolist()))[:10]
+        raise UserError(
+            f"{where} has {bad.numel()} label(s) outside [0, {num_classes}) (the model has "
+            f"{num_classes} classes): {values}.",
+            f"labels must be class indices 0..{num_classes - 1}: check the dataset's label mapping "
+            "(1-based labels are the usual off-by-one) or the model's number of classes.",
+        )
+
+
+def check_inputs(images: torch.Tensor) -> None:
+    """No NaN or inf values, and not one constant value across the whole batch."""
+    if images.is_floating_point():
+        finite = torch.isfinite(images)
+        if not bool(finite.all()):
+            nans, total = int(torch.isnan(images).sum()), int((~finite).sum())
+            raise UserError(
+                f"The first training batch has {nans} NaN and {total - nans} infinite input values "
+                f"(of {images.numel()}).",
+                "check the files and the dataset's transforms (a division by a zero std, a corrupt "
+                "float image); the template's own pipeline yields uint8 images that cannot be NaN.",
+            )
+    low, high = images.min(), images.max()
+    if bool(low == high):
+        raise UserError(
+            f"Every value of the first training batch is {low.item()}: the images are constant.",
+            "check that the files are not blank and that the transforms do not erase them "
+            "(a crop outside the image, a wrong normalization, a mask applied twice).",
+        )
+
+
+def batch_table(images: torch.Tensor, labels: torch.Tensor, num_classes: int | None) -> str:
+    """The first batch as a few lines: shapes, dtypes, per-channel min/max/mean, label range."""
+    x = images.detach().float()
+    dims = [d for d in range(x.ndim) if d != 1]
+    low, high, mean = (t.tolist() for t in (x.amin(dims), x.amax(dims), x.mean(dims)))
+    lines = [
+        "Data check: first training batch",
+        f"  images {list(images.shape)} {images.dtype} on {images.device}",
+        f"  labels {list(labels.shape)} {labels.dtype}, values {int(labels.min())}..{int(labels.max())}"
+        + (f" (num_classes {num_classes})" if num_classes is not None else ""),
+        f"  {'channel':>9} {'min':>8} {'max':>8} {'mean':>8}",
+    ]
+    lines += [
+        f"  {c:>9} {lo:>8.2f} {hi:>8.2f} {m:>8.2f}"
+        for c, (lo, hi, m) in enumerate(zip(low, high, mean, strict=True))
+    ]
+    return "\n".join(lines)
+
+
+def class_count_table(splits: dict[str, Any]) -> str:
+    """Images per class and split, as a fixed-width table."""
+    counts = {split: index.class_counts() for split, index in splits.items()}
+    names = list(next(iter(counts.values())))
+    width = max(len("class"), *(len(n) for n in names))
+    header = f"  {'class':<{width}}" + "".join(f" {split:>8}" for split in counts)
+    rows = [f"  {n:<{width}}" + "".join(f" {c[n]:>8}" for c in counts.values()) for n in names]
+    total = f"  {'total':<{width}}" + "".join(f" {sum(c.values()):>8}" for c in counts.values())
+    return "\n".join(["Data check: images per class", header, *rows, total])
+
+
+def log_text(trainer: L.Trainer, tag: str, text: str) -> None:
+    """Keep the table with the run: a text entry in TensorBoard (monospace via a Markdown code block)."""
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger) and trainer.is_global_zero:
+            logger.experiment.add_text(tag, "```\n" + text + "\n```", global_step=trainer.global_step)

@@ -1,0 +1,83 @@
+"""The data check: class counts and the first batch are shown, and bad labels or inputs stop the run."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from project.callbacks import DataCheck
+from project.callbacks.data_check import check_labels
+from project.errors import UserError
+from project.model import ImageClassifier
+from tests.conftest import TensorData, fast_args, run_cli, tiny_trainer
+
+
+def fit(images: torch.Tensor, labels: torch.Tensor, num_classes: int = 10) -> None:
+    model = ImageClassifier(num_classes=num_classes, backbone="resnet18", scheduler=None)
+    tiny_trainer(DataCheck(), limit_train_batches=2, limit_val_batches=0).fit(
+        model, TensorData(images, labels)
+    )
+
+
+def test_label_out_of_range_stops_before_the_first_step() -> None:
+    labels = torch.arange(16) % 10
+    labels[3] = 100
+    images = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8)
+    with pytest.raises(UserError, match=r"1 label\(s\) outside \[0, 10\).*\[100\].*0\.\.9"):
+        fit(images, labels)
+
+
+def test_index_labels_are_checked_against_the_model() -> None:
+    with pytest.raises(UserError, match=r"The train split has 2 label\(s\) outside \[0, 6\).*\[-1, 6\]"):
+        check_labels(np.array([0, 5, 6, -1]), 6, "The train split")
+
+
+def test_nan_image_stops_with_the_count() -> None:
+    images = torch.rand(16, 3, 16, 16) * 255
+    images[2, 1, 4, 4] = float("nan")
+    with pytest.raises(UserError, match=r"1 NaN and 0 infinite input values"):
+        fit(images, torch.arange(16) % 10)
+
+
+def test_constant_batch_stops() -> None:
+    images = torch.zeros(16, 3, 16, 16, dtype=torch.uint8)
+    with pytest.raises(UserError, match=r"Every value of the first training batch is 0"):
+        fit(images, torch.arange(16) % 10)
+
+
+def test_tables_are_printed_logged_and_imbalance_warned(
+    workdir: Path, shapes_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = workdir / "imbalanced"
+    shutil.copytree(shapes_root, root)
+    for extra in sorted((root / "train" / "star").iterdir())[1:]:
+        extra.unlink()  # star: 1 training image, the others 8
+    caplog.set_level(logging.INFO)
+    with pytest.warns(
+        UserWarning, match=r"train split is imbalanced: 'circle' has 8 images, 'star' 1 \(8x\)"
+    ):
+        assert run_cli("fit", *fast_args(root, "--name=d", "--data_check.imbalance_ratio=4")) == 0
+    text = caplog.text
+    assert "  star            1        4\n" in text  # class, train, val
+    assert "  total          41       24\n" in text
+    assert "images [16, 3, 32, 32] torch.uint8" in text
+    assert "values 0..5 (num_classes 6)" in text
+    events = EventAccumulator(str(workdir / "logs" / "d"))
+    events.Reload()
+    assert {"data_check/class_counts/text_summary", "data_check/first_batch/text_summary"} <= set(
+        events.Tags()["tensors"]
+    )
+
+
+def test_the_check_can_be_turned_off(
+    workdir: Path, shapes_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    assert run_cli("fit", *fast_args(shapes_root, "--data_check.enabled=false")) == 0
+    assert "Data check" not in caplog.text

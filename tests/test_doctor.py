@@ -1,0 +1,70 @@
+"""`python -m project doctor`: versions, devices, data loading and folders; exit 1 with fixes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from project import doctor
+
+
+def run_doctor(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "project", "doctor", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_healthy_machine(tmp_path: Path) -> None:
+    result = run_doctor(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for package in doctor.PACKAGES:
+        assert f"\n  {package:<14} " in out
+    assert "matmul ok (relative error" in out and "bf16 " in out
+    assert "DataLoader     2 workers started and delivered 8 samples" in out
+    assert "  logs/          writable, " in out and "  checkpoints/   writable, " in out
+    assert out.rstrip().endswith("All checks passed.")
+
+
+def test_checkpoints_that_is_not_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints").write_text("oops")
+    result = run_doctor(tmp_path)
+    assert result.returncode == 1
+    assert "1 problem(s):" in result.stdout
+    assert "'checkpoints' is a file, not a folder. Fix: move it away" in result.stdout
+
+
+def test_unwritable_checkpoint_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+    else:  # root writes through permission bits: refuse the write the way a read-only mount would
+        real = doctor.tempfile.NamedTemporaryFile
+
+        def refuse(*args, dir=None, **kwargs):
+            if Path(dir) == folder:
+                raise PermissionError(13, "Permission denied", str(folder))
+            return real(*args, dir=dir, **kwargs)
+
+        monkeypatch.setattr(doctor.tempfile, "NamedTemporaryFile", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        doctor.main(["--folders", str(tmp_path / "logs"), str(folder), "--workers", "0"])
+    assert exit_info.value.code == 1
+    out = capsys.readouterr().out
+    assert f"'{folder}' is not writable: runs could not save {folder}. Fix: chmod u+w" in out
+    assert "1 problem(s):" in out
+
+
+def test_low_disk_is_a_problem(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        doctor.main(["--folders", str(tmp_path), "--min_free_gb", "1e9", "--workers", "0"])
+    assert "GiB free for" in capsys.readouterr().out
