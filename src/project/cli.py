@@ -9,7 +9,18 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project.callbacks import DataCheck, ExportBest, GradNormMonitor, NonFiniteGuard, PredictionWriter
+from project.callbacks import (
+    ConfusionMatrix,
+    DataCheck,
+    ExportBest,
+    GradNormMonitor,
+    HParams,
+    Misclassified,
+    NonFiniteGuard,
+    PredictionWriter,
+    Throughput,
+    TrainingImages,
+)
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError, user_message
 from project.model import ImageClassifier
@@ -45,8 +56,9 @@ class ProjectCLI(LightningCLI):
             parser_kwargs={
                 "prog": "python -m project",
                 "description": "Train, evaluate, predict with and export image classifiers. "
-                "Torch-free inference on an export: python -m project infer --help. "
-                "Start a new task from this template: python -m project new --help",
+                "Also: python -m project infer (torch-free inference on an export), report (a run's "
+                "curves as a PNG), doctor (check this machine), new (start a task from this template); "
+                "each with --help.",
             },
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
@@ -87,6 +99,12 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(DataCheck, "data_check")
         parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
         parser.add_lightning_class_args(GradNormMonitor, "grad_norm")
+        # monitoring: what TensorBoard shows besides the scalars (each with an `enabled` switch)
+        parser.add_lightning_class_args(TrainingImages, "training_images")
+        parser.add_lightning_class_args(ConfusionMatrix, "confusion_matrix")
+        parser.add_lightning_class_args(Misclassified, "misclassified")
+        parser.add_lightning_class_args(Throughput, "throughput")
+        parser.add_lightning_class_args(HParams, "hparams")
         if getattr(self, "_building", None) not in CHECKPOINT_ONLY:
             for key in ("num_classes", "class_names", "image_size", "task"):
                 parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")

@@ -209,8 +209,11 @@ class ImageClassifier(L.LightningModule):
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, self.val_loss, "val/loss", self.val_per_label)
+    def validation_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
+    ) -> torch.Tensor | None:
+        # the logits go to the callbacks (confusion matrix, misclassified images): no second forward pass
+        return self._evaluate(batch, self.val_metrics, self.val_loss, "val/loss", self.val_per_label)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
         self._evaluate(batch, self.test_metrics, self.test_loss, "test/loss", self.test_per_label)
@@ -222,9 +225,9 @@ class ImageClassifier(L.LightningModule):
         loss_metric: MeanMetric,
         loss_name: str,
         per_label: MetricCollection | None,
-    ) -> None:
+    ) -> torch.Tensor | None:
         if batch is None:
-            return
+            return None
         loss, logits = self._loss(batch)
         scores = self._scores(logits)
         metrics.update(scores, batch[1])
@@ -233,6 +236,7 @@ class ImageClassifier(L.LightningModule):
         loss_metric.update(loss, weight=len(batch[1]))
         self.log(loss_name, loss_metric, on_epoch=True, prog_bar=True)
         self.log_dict(metrics, on_epoch=True, prog_bar=loss_name.startswith("val"))
+        return logits
 
     def _log_per_label(self, per_label: MetricCollection | None) -> None:
         """Log each label's metrics by name (vectors cannot be logged as metric objects), then reset."""

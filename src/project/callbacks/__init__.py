@@ -1,9 +1,25 @@
 """Callbacks: one file per callback."""
 
+from project.callbacks.confusion_matrix import ConfusionMatrix
 from project.callbacks.data_check import DataCheck
 from project.callbacks.export import ExportBest
 from project.callbacks.grad_norm import GradNormMonitor
+from project.callbacks.hparams import HParams
+from project.callbacks.misclassified import Misclassified
 from project.callbacks.non_finite import NonFiniteGuard
 from project.callbacks.prediction_writer import PredictionWriter
+from project.callbacks.throughput import Throughput
+from project.callbacks.training_images import TrainingImages
 
-__all__ = ["DataCheck", "ExportBest", "GradNormMonitor", "NonFiniteGuard", "PredictionWriter"]
+__all__ = [
+    "ConfusionMatrix",
+    "DataCheck",
+    "ExportBest",
+    "GradNormMonitor",
+    "HParams",
+    "Misclassified",
+    "NonFiniteGuard",
+    "PredictionWriter",
+    "Throughput",
+    "TrainingImages",
+]

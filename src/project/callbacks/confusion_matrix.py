@@ -1,0 +1,70 @@
+"""Where the model errs, per class: the confusion matrix and per-class accuracy of every validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+
+from project import figures
+from project.callbacks.tensorboard import add_image, single_label, step, writer
+
+
+class ConfusionMatrix(Callback):
+    """After each validation epoch: `val/confusion_matrix` (a figure, rows normalized, with class names),
+    `val/confusion_matrix_counts` (the counts, as a tensor, for the report) and one
+    `val_class_acc/<class>` scalar per class.
+
+    Both metrics accumulate on the model's device and are synchronized across processes by torchmetrics.
+    Needs `validation_step` to return the logits.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        """
+        Args:
+            enabled: Compute and log the confusion matrix and per-class accuracy.
+        """
+        self.enabled = enabled
+        self.matrix: MulticlassConfusionMatrix | None = None
+        self.per_class: MulticlassAccuracy | None = None
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.enabled = self.enabled and single_label(pl_module)
+        if not self.enabled:
+            return
+        if self.matrix is None:
+            num_classes = pl_module.hparams["num_classes"]
+            self.matrix = MulticlassConfusionMatrix(num_classes)
+            self.per_class = MulticlassAccuracy(num_classes, average=None)
+        self.matrix.to(pl_module.device).reset()
+        self.per_class.to(pl_module.device).reset()
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self.enabled and isinstance(outputs, torch.Tensor) and batch is not None:
+            preds = outputs.argmax(dim=1)
+            self.matrix.update(preds, batch[1])
+            self.per_class.update(preds, batch[1])
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.enabled or trainer.sanity_checking or self.matrix.update_count == 0:
+            return
+        counts, accuracy = self.matrix.compute(), self.per_class.compute()  # every rank: they synchronize
+        names = getattr(pl_module, "class_names", None) or [str(i) for i in range(len(counts))]
+        for name, value in zip(names, accuracy, strict=True):
+            pl_module.log(f"val_class_acc/{name}", value, sync_dist=False)  # already synchronized
+        tensorboard = writer(trainer)
+        if tensorboard is not None:
+            tensorboard.add_tensor("val/confusion_matrix_counts", counts.cpu(), step(trainer))
+            title = f"validation, epoch {trainer.current_epoch}:"
+            add_image(trainer, "val/confusion_matrix", figures.confusion_matrix(counts.cpu(), names, title))

@@ -1,0 +1,42 @@
+"""Show what the model is trained on: a grid of augmented training images with their class names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+from project.callbacks.tensorboard import add_image, captioned_grid, single_label
+
+
+class TrainingImages(Callback):
+    """Log the first training batch of a fit to TensorBoard as `train/images`, captioned with class names.
+
+    Batches are uint8 (normalization happens inside the model), so the grid shows exactly the model's
+    input after augmentation: there is nothing to de-normalize.
+    """
+
+    def __init__(self, enabled: bool = True, count: int = 32) -> None:
+        """
+        Args:
+            enabled: Log the grid once, at the first training batch of each fit.
+            count: How many images of that batch to show.
+        """
+        self.enabled = enabled
+        self.count = count
+        self._pending = False
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._pending = self.enabled and single_label(pl_module)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not self._pending or batch is None:
+            return
+        self._pending = False
+        images, labels = batch[0][: self.count], batch[1][: self.count].tolist()
+        names = getattr(pl_module, "class_names", None) or [str(i) for i in range(max(labels) + 1)]
+        title = f"training batch after augmentation ({images.shape[-1]} px, epoch {trainer.current_epoch})"
+        add_image(trainer, "train/images", captioned_grid(images, [names[y] for y in labels], title=title))

@@ -1,0 +1,198 @@
+"""A run in one picture, for people who do not run TensorBoard:
+
+    python -m project report RUN [--output PATH.png]
+
+RUN is a run name (a folder in logs/) or the path of a run folder. Reads the run's TensorBoard
+event files and writes `report.png` (loss, accuracy, learning rate, throughput, the last
+confusion matrix and per-class accuracy) and `report.html` (the picture and the final metrics)
+into the run folder. Needs neither torch nor lightning: tensorboard, numpy and matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from project import figures
+from project.errors import UserError, user_message
+from project.runs import LOGS
+
+CLASS_ACC = "val_class_acc/"
+COUNTS = "val/confusion_matrix_counts"
+
+
+@dataclass
+class Run:
+    """What the report shows of a run: scalar series by tag, the last confusion matrix, the class names."""
+
+    name: str
+    scalars: dict[str, tuple[np.ndarray, np.ndarray]]  # tag -> (steps, values)
+    counts: np.ndarray | None = None
+    counts_step: int | None = None
+    class_names: list[str] = field(default_factory=list)
+
+    def last(self, tag: str) -> float | None:
+        return float(self.scalars[tag][1][-1]) if tag in self.scalars else None
+
+
+def find_run(run: str) -> Path:
+    """A run name (logs/<run>) or a run folder's path."""
+    for candidate in (LOGS / run, Path(run)):
+        if candidate.is_dir():
+            return candidate
+    runs = sorted((p for p in LOGS.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    known = f" Runs in {LOGS}/: {', '.join(p.name for p in runs[-5:])}." if runs else ""
+    raise UserError(
+        f"Run '{run}' not found: no folder '{LOGS / run}' or '{run}'.{known}",
+        "pass a run name from logs/ or the path of a run folder.",
+    )
+
+
+def read_run(run_dir: Path) -> Run:
+    """Scalars and the last confusion matrix from every event file of the run folder."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    if not any(run_dir.glob("events.out.tfevents.*")):
+        raise UserError(
+            f"'{run_dir}' has no TensorBoard event files (events.out.tfevents.*).",
+            "pass a run folder that `python -m project fit` wrote into logs/.",
+        )
+    # 0: keep every scalar; images are not read
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0, "images": 1})
+    events.Reload()
+    tags = events.Tags()
+    scalars = {}
+    for tag in tags["scalars"]:
+        points = events.Scalars(tag)
+        scalars[tag] = (np.array([p.step for p in points]), np.array([p.value for p in points]))
+    if not any(tag.startswith(("train/", "val/")) for tag in scalars):
+        raise UserError(
+            f"'{run_dir}' has no training or validation metrics yet.",
+            "report a run that has finished at least one epoch.",
+        )
+    run = Run(run_dir.name, scalars)
+    # per-class tags are logged in label order, which the event file keeps
+    run.class_names = [tag[len(CLASS_ACC) :] for tag in tags["scalars"] if tag.startswith(CLASS_ACC)]
+    if COUNTS in tags["tensors"]:
+        last = events.Tensors(COUNTS)[-1]
+        run.counts, run.counts_step = tensor_util.make_ndarray(last.tensor_proto), last.step
+    return run
+
+
+def draw_report(run: Run) -> Figure:
+    """Curves on top, the confusion matrix and per-class accuracy below."""
+    figure = Figure(figsize=(20, 11), dpi=100, layout="constrained")
+    grid = figure.add_gridspec(2, 4, height_ratios=(1, 1.5))
+    _curves(figure.add_subplot(grid[0, 0]), run, ["train/loss", "val/loss"], "loss")
+    _curves(figure.add_subplot(grid[0, 1]), run, ["train/acc", "val/acc", "val/f1_macro"], "accuracy")
+    lr_tags = sorted(tag for tag in run.scalars if tag.startswith("lr-"))
+    _curves(figure.add_subplot(grid[0, 2]), run, lr_tags, "learning rate")
+    _curves(figure.add_subplot(grid[0, 3]), run, ["train/images_per_sec"], "training images / s")
+    matrix_ax, classes_ax = figure.add_subplot(grid[1, :2]), figure.add_subplot(grid[1, 2:])
+    if run.counts is not None:
+        numbers = [str(i) for i in range(len(run.counts))]
+        names = run.class_names if len(run.class_names) == len(run.counts) else numbers
+        figures.draw_confusion_matrix(matrix_ax, run.counts, names, f"validation at step {run.counts_step}:")
+    else:
+        _empty(matrix_ax, "no confusion matrix in this run (--confusion_matrix.enabled=true logs it)")
+    if run.class_names:
+        accuracy = [run.last(CLASS_ACC + name) for name in run.class_names]
+        figures.draw_per_class(classes_ax, accuracy, run.class_names)
+        classes_ax.set_title("per-class validation accuracy, last epoch", fontsize=9)
+    else:
+        _empty(classes_ax, "no per-class accuracy in this run (--confusion_matrix.enabled=true logs it)")
+    figure.suptitle(f"run {run.name}: {_summary(run)}", fontsize=13)
+    return figure
+
+
+def _curves(ax: Axes, run: Run, tags: Sequence[str], title: str) -> None:
+    shown = [tag for tag in tags if tag in run.scalars]
+    if not shown:
+        _empty(ax, f"no {title} logged")
+        return
+    for tag in shown:
+        steps, values = run.scalars[tag]
+        marker = "o" if len(steps) <= 50 else None  # per-epoch series: one dot per validation
+        ax.plot(steps, values, marker=marker, markersize=3, linewidth=1, label=tag)
+    ax.set(title=title, xlabel="step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _empty(ax: Axes, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=9, color="gray", transform=ax.transAxes)
+    ax.set_axis_off()
+
+
+def _summary(run: Run) -> str:
+    parts = []
+    for tag in ("val/acc", "val/acc_best", "val/loss", "train/loss"):
+        value = run.last(tag)
+        if value is not None:
+            parts.append(f"{tag} {value:.4f}")
+    if "epoch" in run.scalars:
+        parts.append(f"{int(run.scalars['epoch'][1].max()) + 1} epochs")
+    return ", ".join(parts) or "no metrics"
+
+
+def write_html(run: Run, png: Path, path: Path) -> None:
+    """A page with the picture and the last value of every scalar."""
+    rows = "\n".join(
+        f"<tr><td>{html.escape(tag)}</td><td>{values[-1]:.6g}</td><td>{int(steps[-1])}</td></tr>"
+        for tag, (steps, values) in sorted(run.scalars.items())
+    )
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Run {html.escape(run.name)}</title>
+<style>body{{font-family:sans-serif;margin:2em}} img{{max-width:100%}}
+td,th{{padding:2px 12px;text-align:left}} tr:nth-child(even){{background:#f4f4f4}}</style></head>
+<body><h1>Run {html.escape(run.name)}</h1>
+<p>{html.escape(_summary(run))}</p>
+<img src="{html.escape(png.name)}" alt="training curves, confusion matrix and per-class accuracy">
+<h2>Last values</h2>
+<table><tr><th>metric</th><th>value</th><th>step</th></tr>
+{rows}
+</table></body></html>
+"""
+    _write_atomically(path, page.encode())
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def report(run: str, output: str | None = None) -> Path:
+    """Write the PNG and the HTML page of a run; returns the PNG's path."""
+    run_dir = find_run(run)
+    data = read_run(run_dir)
+    png = Path(output) if output else run_dir / "report.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    partial = png.with_name(f".{png.name}.partial")
+    draw_report(data).savefig(partial, format="png")
+    os.replace(partial, png)
+    write_html(data, png, png.with_suffix(".html"))
+    return png
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m project report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="run name (a folder in logs/) or path of a run folder")
+    parser.add_argument("--output", help="PNG to write (default: report.png in the run folder)")
+    args = parser.parse_args(argv)
+    try:
+        png = report(args.run, args.output)
+    except UserError as e:
+        print(f"error: {user_message(e)}", file=sys.stderr)
+        sys.exit(2)
+    print(f"Report written to {png} and {png.with_suffix('.html')}")

@@ -1,0 +1,78 @@
+"""`python -m project report RUN`: one PNG and an HTML page from a run's event files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from project.report import main, read_run
+from tests.conftest import fast_args, run_cli
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def report(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m project report ARGS` in a fresh process, as a user runs it (without torch or Lightning)."""
+    code = (
+        "import sys, runpy; runpy.run_module('project', run_name='__main__'); "
+        "assert not {'torch', 'lightning'} & set(sys.modules), 'report imported torch or lightning'"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, "report", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+
+
+def test_report_draws_the_run(workdir: Path, shapes_root: Path) -> None:
+    assert run_cli("fit", *fast_args(shapes_root, "--name=seen")) == 0
+    result = report("seen", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    png, page = workdir / "logs" / "seen" / "report.png", workdir / "logs" / "seen" / "report.html"
+    assert png.stat().st_size > 50_000
+    image = np.asarray(Image.open(png).convert("RGB"))
+    assert image.shape == (1100, 2000, 3)
+    colours = np.unique(image.reshape(-1, 3), axis=0)
+    assert len(colours) > 500  # curves, text, a colour map: not a blank or flat image
+    white = (image == 255).all(axis=2).mean()
+    assert 0.3 < white < 0.97, white  # mostly background, but with a lot drawn on it
+    # the confusion-matrix panel (bottom left) is drawn in the colour map's blues, not left empty
+    bottom_left = image[500:, :1000].reshape(-1, 3).astype(int)
+    blues = (bottom_left[:, 2] > bottom_left[:, 0] + 40).mean()
+    assert blues > 0.05, blues
+    text = page.read_text()
+    assert '<img src="report.png"' in text and "val/acc" in text and "val_class_acc/star" in text
+
+    run = read_run(workdir / "logs" / "seen")  # what was drawn: the run's own numbers
+    assert run.class_names == ["circle", "cross", "ring", "square", "star", "triangle"]
+    assert run.counts is not None and run.counts.sum() == 24
+    assert np.trace(run.counts) / 24 == pytest.approx(run.last("val/acc"), abs=1e-6)
+
+    other = workdir / "elsewhere" / "r.png"  # a run folder's path works too, and --output
+    main([str(workdir / "logs" / "seen"), f"--output={other}"])
+    assert other.stat().st_size > 50_000 and other.with_suffix(".html").is_file()
+
+
+def test_report_errors_are_one_line(workdir: Path, capsys) -> None:
+    (workdir / "logs" / "empty").mkdir(parents=True)
+    for run, message in (
+        (
+            "missing",
+            "error: Run 'missing' not found: no folder 'logs/missing' or 'missing'. Runs in logs/: empty",
+        ),
+        ("empty", "error: 'logs/empty' has no TensorBoard event files"),
+    ):
+        with pytest.raises(SystemExit) as exit:
+            main([run])
+        assert exit.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and "Fix: " in err and err.count("\n") == 1, err
+    assert not (workdir / "logs" / "empty" / "report.png").exists()
