@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+from lightning.pytorch.plugins.io import CheckpointIO
 
+from project.checkpoint_io import AtomicCheckpointIO
 from project.export import export_checkpoint
 
 
 class Trainer(L.Trainer):
-    """lightning.Trainer with `export` (ONNX + .pt2, verified) next to fit/validate/test/predict."""
+    """lightning.Trainer with atomic, weights-only checkpoint files and `export` (ONNX + .pt2, verified)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        plugins = kwargs.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):  # a user's own CheckpointIO wins
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        super().__init__(*args, **kwargs)
 
     def export(
         self,
