@@ -5,14 +5,17 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import project.atomic
 from project.atomic import atomic_write
+from project.callbacks.rng_state import RNGState
 from project.checkpoint_io import AtomicCheckpointIO, UnsafeCheckpointError, load_checkpoint_file
 from project.errors import UserError
 from tests.conftest import fast_args, run_cli
@@ -146,3 +149,13 @@ def test_truncated_checkpoint_is_one_message(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:500])
     with pytest.raises(UserError, match=r"Cannot read checkpoint '.*cut.ckpt'.*truncated"):
         load_checkpoint_file(path)
+
+
+def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path) -> None:
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    callback = RNGState()
+    torch.save({"rng": callback.state_dict()}, tmp_path / "rng.ckpt")
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    callback.load_state_dict(load_checkpoint_file(tmp_path / "rng.ckpt")["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project.atomic import remove_partials
-from project.callbacks import ExportBest, PredictionWriter
+from project.callbacks import ExportBest, GracefulStop, PredictionWriter, RNGState
 from project.callbacks.save_config import AtomicSaveConfig
 from project.checkpoint_io import load_checkpoint_file
 from project.data.datamodule import ImageDataModule
@@ -48,6 +48,7 @@ class ProjectCLI(LightningCLI):
             },
             save_config_callback=AtomicSaveConfig,
             save_config_kwargs={"overwrite": True},
+            trainer_defaults={"callbacks": [RNGState(), GracefulStop()]},
             auto_configure_optimizers=False,
             **kwargs,
         )
