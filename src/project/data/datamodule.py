@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
 from project.data.index import ImageIndex, list_images, scan_folder, stratified_split
 from project.data.shapes import generate_shapes
+from project.data.skipped import SkipLog
 from project.data.transforms import AutoAugment, eval_transform, train_transform
 from project.errors import UserError
 
@@ -81,6 +82,7 @@ class ImageDataModule(L.LightningDataModule):
         self.skip_bad_images = skip_bad_images
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
         self.datasets: dict[str, Dataset] = {}
+        self.skip_log: SkipLog | None = None
 
     # ---- classes and splits (found on first use, so `predict` never needs the training data) ----
 
@@ -134,6 +136,9 @@ class ImageDataModule(L.LightningDataModule):
     # ---- Lightning hooks ----
 
     def setup(self, stage: str) -> None:
+        log_dir = self.trainer.log_dir if self.trainer is not None else None
+        if self.skip_bad_images and log_dir is not None:
+            self.skip_log = SkipLog(Path(log_dir))
         if stage == "fit":
             self.datasets["train"] = self._labelled("train", self.train_transform)
             self.datasets["val"] = self._labelled("val", self.eval_transform)
@@ -152,7 +157,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def _labelled(self, split: str, transform: torch.nn.Module) -> ImageDataset:
         self._check_model_classes()
-        return ImageDataset(self.splits[split], transform, self.skip_bad_images)
+        return ImageDataset(self.splits[split], transform, self.skip_bad_images, self.skip_log)
 
     def _check_model_classes(self) -> None:
         """A checkpoint's classes must be the data's classes, in the same order."""
@@ -182,8 +187,20 @@ class ImageDataModule(L.LightningDataModule):
             getattr(model, "image_size", None) or self.image_size
         )  # the size the model was trained at
         return FileDataset(
-            files, eval_transform(image_size, self.crop_ratio), self.skip_bad_images, self.predict_dir
+            files,
+            eval_transform(image_size, self.crop_ratio),
+            self.skip_bad_images,
+            self.predict_dir,
+            self.skip_log,
         )
+
+    def teardown(self, stage: str) -> None:
+        if self.skip_log is not None and self.trainer is not None and self.trainer.is_global_zero:
+            report, count = self.skip_log.merge()
+            if count:
+                warnings.warn(
+                    f"{count} unreadable files were skipped; they are listed in '{report}'.", stacklevel=2
+                )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.datasets["train"], shuffle=True)
