@@ -15,6 +15,7 @@ from project.atomic import remove_partials
 from project.callbacks import ExportBest, GracefulStop, PredictionWriter, RNGState
 from project.callbacks.save_config import AtomicSaveConfig
 from project.checkpoint_io import load_checkpoint_file
+from project.config_checks import check_cli_config
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError, user_message
 from project.model import ImageClassifier
@@ -100,6 +101,7 @@ class ProjectCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        check_cli_config(config)
         if self.subcommand != "fit" and not config.ckpt_path:
             raise UserError(
                 f"`{self.subcommand}` needs a trained model.",

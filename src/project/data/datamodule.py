@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from project.config_checks import fraction, positive_int, require
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
 from project.data.index import ImageIndex, list_images, scan_folder, stratified_split
 from project.data.shapes import generate_shapes
@@ -26,6 +27,27 @@ def default_num_workers() -> int:
     """One loader worker per CPU core this process may use, at most 8."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(8, cores)
+
+
+def check_data_options(
+    val_split: float | None,
+    image_size: int,
+    crop_ratio: float,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    batch_size: int,
+    num_workers: int | None,
+) -> None:
+    """Reject values no run could use, before any file is read."""
+    if val_split is not None:
+        fraction("data.val_split", val_split)
+    positive_int("data.image_size", image_size)
+    require(0 < crop_ratio <= 1, "data.crop_ratio", crop_ratio, "a number in (0, 1], e.g. 0.875")
+    require(0 < scale[0] <= scale[1] <= 1, "data.scale", list(scale), "[low, high] with 0 < low <= high <= 1")
+    require(0 < ratio[0] <= ratio[1], "data.ratio", list(ratio), "[low, high] with 0 < low <= high")
+    positive_int("data.batch_size", batch_size)
+    if num_workers is not None:
+        require(num_workers >= 0, "data.num_workers", num_workers, "0 or more (null: one per CPU core)")
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -66,6 +88,7 @@ class ImageDataModule(L.LightningDataModule):
             predict_dir: Folder of images (searched recursively) for `predict`.
         """
         super().__init__()
+        check_data_options(val_split, image_size, crop_ratio, scale, ratio, batch_size, num_workers)
         # num_classes and image_size are linked to the model and stored with it: one place, no disagreement
         self.save_hyperparameters(ignore=["num_classes", "image_size"])
         self.root = Path(root) if root is not None else EMBEDDED_ROOT
