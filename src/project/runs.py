@@ -19,7 +19,7 @@ CHECKPOINTS = Path("checkpoints")
 # Lightning starts DDP ranks > 0 as new processes of the same command; they take the name rank 0 chose.
 RUN_NAME_ENV = "PROJECT_RUN_NAME"
 LOCK = ".lock"  # logs/<name>/.lock, held (flock) by the one process that writes the run
-_held: dict[str, int] = {}  # run name -> the open lock file, kept for the life of the process
+_held: dict[Path, int] = {}  # lock file (absolute) -> its open descriptor, kept while the run is ours
 
 
 def fit_run_name(name: str | None, ckpt_path: str | None) -> str:
@@ -84,15 +84,15 @@ def lock_run(name: str) -> None:
 
 
 def unlock_run(name: str) -> None:
-    fd = _held.pop(name, None)
+    fd = _held.pop(_lock_path(name).absolute(), None)
     if fd is not None:
         os.close(fd)  # closing the file releases the flock
 
 
 def _try_lock(name: str) -> bool:
-    if name in _held or fcntl is None:
-        return True
     path = _lock_path(name)
+    if path.absolute() in _held or fcntl is None:
+        return True
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -104,7 +104,7 @@ def _try_lock(name: str) -> bool:
     os.pwrite(
         fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode(), 0
     )
-    _held[name] = fd
+    _held[path.absolute()] = fd
     return True
 
 

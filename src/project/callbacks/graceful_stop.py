@@ -40,6 +40,9 @@ class GracefulStop(Callback):
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
@@ -74,11 +77,11 @@ class GracefulStop(Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
+        self._restore_handlers()  # Lightning calls no teardown hook after an exception
         if self.signum is None or not isinstance(exception, SystemExit):
             return
-        exception.code = (
-            128 + self.signum
-        )  # Lightning's SIGTERMException would exit 0: not "done" to a scheduler
+        # Lightning's own SIGTERMException would exit 0, which a scheduler reads as "done"
+        exception.code = 128 + self.signum
         checkpoint = trainer.checkpoint_callback
         if not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is None or trainer.fast_dev_run:
             return
