@@ -9,6 +9,7 @@ import torch
 import torchvision
 from torch import nn
 
+from project.checkpoint_io import load_checkpoint_file
 from project.errors import UserError
 
 
@@ -68,12 +69,7 @@ def _is_aux(key: str) -> bool:
 def _read_local(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise UserError(f"Weights file '{path}' (--model.weights) does not exist.", "check the path.")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for a file that is not a checkpoint
-        raise UserError(
-            f"Cannot read weights file '{path}': {e}.", "pass a file saved with torch.save."
-        ) from None
+    state = load_checkpoint_file(path)  # weights-only: a file from elsewhere cannot run code
     for key in ("state_dict", "model"):  # Lightning checkpoints and common training scripts nest it
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,18 +11,24 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from project.atomic import remove_partials
 from project.callbacks import (
     ConfusionMatrix,
     DataCheck,
     ExportBest,
+    GracefulStop,
     GradNormMonitor,
     HParams,
     Misclassified,
     NonFiniteGuard,
     PredictionWriter,
+    RNGState,
     Throughput,
     TrainingImages,
 )
+from project.callbacks.save_config import AtomicSaveConfig
+from project.checkpoint_io import load_checkpoint_file
+from project.config_checks import check_cli_config
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError, user_message
 from project.model import ImageClassifier
@@ -60,7 +68,9 @@ class ProjectCLI(LightningCLI):
                 "curves as a PNG), doctor (check this machine), new (start a task from this template); "
                 "each with --help.",
             },
+            save_config_callback=AtomicSaveConfig,
             save_config_kwargs={"overwrite": True},
+            trainer_defaults={"callbacks": [RNGState(), GracefulStop()]},
             auto_configure_optimizers=False,
             **kwargs,
         )
@@ -74,6 +84,13 @@ class ProjectCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str] | None) -> None:
         self.config = parser.parse_args(with_default_config(sys.argv[1:] if args is None else args))
+
+    def _parse_ckpt_path(self) -> None:
+        try:  # LightningCLI reads the checkpoint's hyper-parameters, weights-only, before anything else
+            super()._parse_ckpt_path()
+        except pickle.UnpicklingError:
+            load_checkpoint_file(self.config[self.config.subcommand].ckpt_path)  # raises the one-line error
+            raise
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
@@ -92,6 +109,9 @@ class ProjectCLI(LightningCLI):
                 "checkpoint.save_last": True,
                 "checkpoint.filename": "epoch={epoch:03d}-val_acc={val/acc:.4f}",
                 "checkpoint.auto_insert_metric_name": False,
+                # a run resumed after a kill redoes the epoch whose checkpoint may already exist: replace
+                # it (atomically) instead of keeping both as `name.ckpt` and `name-v1.ckpt`
+                "checkpoint.enable_version_counter": False,
             }
         )
         parser.add_lightning_class_args(PredictionWriter, "predictions")
@@ -111,6 +131,7 @@ class ProjectCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
+        check_cli_config(config)
         if self.subcommand in DRY:
             config.trainer.logger = False
             return
@@ -131,6 +152,9 @@ class ProjectCLI(LightningCLI):
             self.save_config_kwargs["config_filename"] = f"{self.subcommand}-config.yaml"
         if config.checkpoint.dirpath is None:
             config.checkpoint.dirpath = str(CHECKPOINTS / config.name)
+        if self.subcommand == "fit" and os.environ.get("LOCAL_RANK", "0") == "0":
+            # temporary files a killed save left behind: this process holds the run (runs.lock_run)
+            remove_partials(Path(config.checkpoint.dirpath))
         logger = config.trainer.logger
         if hasattr(logger, "init_args") and "name" in logger.init_args:
             logger.init_args.name = config.name

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import project
+from project.checkpoint_io import load_checkpoint_file
 from project.data.decode import load_rgb
 from project.data.shapes import CLASSES, draw_shape
 from project.data.transforms import eval_transform
@@ -84,7 +85,7 @@ def export_checkpoint(
     ckpt_path = Path(ckpt_path).resolve()
     if not ckpt_path.is_file():
         raise UserError(f"Checkpoint '{ckpt_path}' does not exist.", "pass --ckpt_path PATH to a .ckpt file.")
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    checkpoint = load_checkpoint_file(ckpt_path)
     model = load_for_export(checkpoint)
     deployable = Deployable(model).eval()
     size = model.image_size or 224

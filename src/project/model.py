@@ -21,6 +21,7 @@ from torchmetrics.classification import (
 )
 
 from project.backbones import build_backbone, head_of
+from project.config_checks import positive_int, require
 from project.errors import UserError
 from project.schedulers import WarmupCosineLR
 
@@ -124,6 +125,8 @@ class ImageClassifier(L.LightningModule):
                 "The model's number of classes is unknown.",
                 "fit, validate and test take it from --data.root; predict takes it from --ckpt_path.",
             )
+        positive_int("model.num_classes", num_classes)
+        require(0 <= label_smoothing < 1, "model.label_smoothing", label_smoothing, "a number in [0, 1)")
         self.save_hyperparameters()
         self.class_names = class_names
         self.image_size = image_size

@@ -37,6 +37,7 @@ EXCLUDED_NAMES = (
     "__pycache__",
     ".pytest_cache",
     ".ruff_cache",
+    ".hypothesis",
     ".mypy_cache",
     "*.egg-info",
     "build",

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
 from project.errors import UserError
 
+try:
+    import fcntl
+except ImportError:  # Windows: no run locks
+    fcntl = None
+
 LOGS = Path("logs")
 CHECKPOINTS = Path("checkpoints")
 # Lightning starts DDP ranks > 0 as new processes of the same command; they take the name rank 0 chose.
 RUN_NAME_ENV = "PROJECT_RUN_NAME"
+LOCK = ".lock"  # logs/<name>/.lock, held (flock) by the one process that writes the run
+_held: dict[Path, int] = {}  # lock file (absolute) -> its open descriptor, kept while the run is ours
 
 
 def fit_run_name(name: str | None, ckpt_path: str | None) -> str:
@@ -38,16 +46,21 @@ def fit_run_name(name: str | None, ckpt_path: str | None) -> str:
                 "check --name (runs are the folders in checkpoints/), "
                 "or start a new run without --ckpt_path.",
             )
+        lock_run(name)
     elif ckpt_path is not None:
         name = name or run_of_checkpoint(ckpt_path) or new_run_name()
+        lock_run(name)
     elif name is None:
         name = new_run_name()
-    elif _used(name):
-        raise UserError(
-            f"Run '{name}' already exists ({CHECKPOINTS / name} or {LOGS / name}); "
-            "a new run never overwrites it.",
-            f"resume it with --name {name} --ckpt_path last, or pick another --name.",
-        )
+    else:
+        lock_run(name)
+        if _used(name):
+            unlock_run(name)
+            raise UserError(
+                f"Run '{name}' already exists ({CHECKPOINTS / name} or {LOGS / name}); "
+                "a new run never overwrites it.",
+                f"resume it with --name {name} --ckpt_path last, or pick another --name.",
+            )
     os.environ[RUN_NAME_ENV] = name
     return name
 
@@ -69,9 +82,54 @@ def new_run_name() -> str:
     """A time stamp, with a counter when two runs start in the same second."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name, n = stamp, 1
-    while _used(name):
+    while _used(name) or not _try_lock(name):  # a run started at the same second by another process
         name, n = f"{stamp}-{n}", n + 1
     return name
+
+
+def lock_run(name: str) -> None:
+    """Claim run `name` for this process, or fail naming the process that has it.
+
+    An flock: the kernel drops it when the process ends, even by SIGKILL, so a crashed run never
+    leaves a stale lock. (Loader workers forked from this process share it and end with it.)
+    """
+    if not _try_lock(name):
+        owner = _lock_path(name).read_text(errors="replace").strip() or "another process"
+        raise UserError(
+            f"Run '{name}' is being written by {owner}; two fits of one run would overwrite "
+            "each other's checkpoints and logs.",
+            f"wait for that fit to end (or stop it), then resume with --name {name} --ckpt_path last; "
+            "or start a separate run with another --name.",
+        )
+
+
+def unlock_run(name: str) -> None:
+    fd = _held.pop(_lock_path(name).absolute(), None)
+    if fd is not None:
+        os.close(fd)  # closing the file releases the flock
+
+
+def _try_lock(name: str) -> bool:
+    path = _lock_path(name)
+    if path.absolute() in _held or fcntl is None:
+        return True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    os.ftruncate(fd, 0)
+    os.pwrite(
+        fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode(), 0
+    )
+    _held[path.absolute()] = fd
+    return True
+
+
+def _lock_path(name: str) -> Path:
+    return LOGS / name / LOCK
 
 
 def newest_run() -> str:
@@ -91,4 +149,7 @@ def run_of_checkpoint(ckpt_path: str) -> str | None:
 
 
 def _used(name: str) -> bool:
-    return any(p.exists() and any(p.iterdir()) for p in (CHECKPOINTS / name, LOGS / name))
+    """The run has files (its lock file aside)."""
+    return any(
+        p.is_dir() and any(f.name != LOCK for f in p.iterdir()) for p in (CHECKPOINTS / name, LOGS / name)
+    )

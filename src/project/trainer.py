@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+from lightning.pytorch.plugins.io import CheckpointIO
 
 from project import memory
+from project.checkpoint_io import AtomicCheckpointIO
 from project.export import export_checkpoint
 
 
 class Trainer(L.Trainer):
-    """lightning.Trainer plus `export` (ONNX + .pt2, verified) and `memory` (a budget of one step)."""
+    """lightning.Trainer with atomic checkpoint files, `export` (ONNX + .pt2, verified) and `memory`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        plugins = kwargs.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):  # a user's own CheckpointIO wins
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        super().__init__(*args, **kwargs)
 
     def memory(self, model: L.LightningModule, datamodule: L.LightningDataModule) -> None:
         """Print the memory one training step needs at the configured batch size and precision, and advice.

@@ -3,11 +3,13 @@
 from project.callbacks.confusion_matrix import ConfusionMatrix
 from project.callbacks.data_check import DataCheck
 from project.callbacks.export import ExportBest
+from project.callbacks.graceful_stop import GracefulStop
 from project.callbacks.grad_norm import GradNormMonitor
 from project.callbacks.hparams import HParams
 from project.callbacks.misclassified import Misclassified
 from project.callbacks.non_finite import NonFiniteGuard
 from project.callbacks.prediction_writer import PredictionWriter
+from project.callbacks.rng_state import RNGState
 from project.callbacks.throughput import Throughput
 from project.callbacks.training_images import TrainingImages
 
@@ -15,11 +17,13 @@ __all__ = [
     "ConfusionMatrix",
     "DataCheck",
     "ExportBest",
+    "GracefulStop",
     "GradNormMonitor",
     "HParams",
     "Misclassified",
     "NonFiniteGuard",
     "PredictionWriter",
+    "RNGState",
     "Throughput",
     "TrainingImages",
 ]

@@ -14,11 +14,13 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from project.config_checks import fraction, positive_int, require
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
 from project.data.index import ImageIndex, list_images, scan_folder, stratified_split
 from project.data.labels_csv import read_labels_csv
 from project.data.multishapes import generate_multishapes
 from project.data.shapes import generate_shapes
+from project.data.skipped import SkipLog
 from project.data.transforms import AutoAugment, eval_transform, train_transform
 from project.errors import UserError
 
@@ -31,6 +33,27 @@ def default_num_workers() -> int:
     """One loader worker per CPU core this process may use, at most 8."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(8, cores)
+
+
+def check_data_options(
+    val_split: float | None,
+    image_size: int,
+    crop_ratio: float,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    batch_size: int,
+    num_workers: int | None,
+) -> None:
+    """Reject values no run could use, before any file is read."""
+    if val_split is not None:
+        fraction("data.val_split", val_split)
+    positive_int("data.image_size", image_size)
+    require(0 < crop_ratio <= 1, "data.crop_ratio", crop_ratio, "a number in (0, 1], e.g. 0.875")
+    require(0 < scale[0] <= scale[1] <= 1, "data.scale", list(scale), "[low, high] with 0 < low <= high <= 1")
+    require(0 < ratio[0] <= ratio[1], "data.ratio", list(ratio), "[low, high] with 0 < low <= high")
+    positive_int("data.batch_size", batch_size)
+    if num_workers is not None:
+        require(num_workers >= 0, "data.num_workers", num_workers, "0 or more (null: one per CPU core)")
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -80,6 +103,7 @@ class ImageDataModule(L.LightningDataModule):
             label_delimiter: What separates the labels in the CSV's labels column (" ": any whitespace).
         """
         super().__init__()
+        check_data_options(val_split, image_size, crop_ratio, scale, ratio, batch_size, num_workers)
         # num_classes and image_size are linked to the model and stored with it: one place, no disagreement
         self.save_hyperparameters(ignore=["num_classes", "image_size"])
         self.labels_csv = Path(labels_csv) if labels_csv is not None else None
@@ -101,6 +125,7 @@ class ImageDataModule(L.LightningDataModule):
         self.skip_bad_images = skip_bad_images
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
         self.datasets: dict[str, Dataset] = {}
+        self.skip_log: SkipLog | None = None
 
     # ---- classes and splits (found on first use, so `predict` never needs the training data) ----
 
@@ -180,6 +205,8 @@ class ImageDataModule(L.LightningDataModule):
     # ---- Lightning hooks ----
 
     def setup(self, stage: str) -> None:
+        if self.skip_bad_images and self.trainer is not None and self.trainer.log_dir is not None:
+            self.skip_log = SkipLog(Path(self.trainer.log_dir))
         if stage == "fit":
             self.datasets["train"] = self._labelled("train", self.train_transform)
             self.datasets["val"] = self._labelled("val", self.eval_transform)
@@ -198,7 +225,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def _labelled(self, split: str, transform: torch.nn.Module) -> ImageDataset:
         self._check_model_classes()
-        return ImageDataset(self.splits[split], transform, self.skip_bad_images)
+        return ImageDataset(self.splits[split], transform, self.skip_bad_images, self.skip_log)
 
     def _check_model_classes(self) -> None:
         """A checkpoint's classes must be the data's classes, in the same order."""
@@ -235,8 +262,20 @@ class ImageDataModule(L.LightningDataModule):
             getattr(model, "image_size", None) or self.image_size
         )  # the size the model was trained at
         return FileDataset(
-            files, eval_transform(image_size, self.crop_ratio), self.skip_bad_images, self.predict_dir
+            files,
+            eval_transform(image_size, self.crop_ratio),
+            self.skip_bad_images,
+            self.predict_dir,
+            self.skip_log,
         )
+
+    def teardown(self, stage: str) -> None:
+        if self.skip_log is not None and self.trainer is not None and self.trainer.is_global_zero:
+            report, count = self.skip_log.merge()
+            if count:
+                warnings.warn(
+                    f"{count} unreadable files were skipped; they are listed in '{report}'.", stacklevel=2
+                )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.datasets["train"], shuffle=True)

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset, default_collate
 
 from project.data.decode import BadImageError, load_rgb
 from project.data.index import ImageIndex
+from project.data.skipped import SkipLog
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -18,10 +19,17 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 class ImageDataset(Dataset):
     """(uint8 image, label) pairs; a bad file raises, or yields None when `skip_bad_images` is set."""
 
-    def __init__(self, index: ImageIndex, transform: Transform, skip_bad_images: bool = False) -> None:
+    def __init__(
+        self,
+        index: ImageIndex,
+        transform: Transform,
+        skip_bad_images: bool = False,
+        skip_log: SkipLog | None = None,
+    ) -> None:
         self.index = index
         self.transform = transform
         self.skip_bad_images = skip_bad_images
+        self.skip_log = skip_log
         self.skipped = 0
 
     def __len__(self) -> int:
@@ -44,11 +52,13 @@ class FileDataset(Dataset):
         transform: Transform,
         skip_bad_images: bool = False,
         root: Path | None = None,
+        skip_log: SkipLog | None = None,
     ) -> None:
         self.files = list(files)
         self.root = root  # the files are reported relative to it
         self.transform = transform
         self.skip_bad_images = skip_bad_images
+        self.skip_log = skip_log
         self.skipped = 0
 
     def __len__(self) -> int:
@@ -66,6 +76,8 @@ def _load(path: Path, dataset: ImageDataset | FileDataset) -> torch.Tensor | Non
         if not dataset.skip_bad_images:
             raise
         dataset.skipped += 1
+        if dataset.skip_log is not None:
+            dataset.skip_log.add(path, e.reason)
         warnings.warn(f"Skipped a bad image ({dataset.skipped} in this worker so far): {e}", stacklevel=2)
         return None
 

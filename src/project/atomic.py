@@ -1,0 +1,61 @@
+"""Files that appear under their name only when complete: temporary file, fsync, rename, fsync the folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def partial_path(path: Path) -> Path:
+    """The temporary name next to `path`: hidden, and never matched by `*.ckpt` or `last*` globs."""
+    return path.with_name(f".{path.name}.partial")
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """Write `data` to `path` so that readers see the old file or the whole new one, never a part.
+
+    On any failure (a full disk, a signal) the temporary file is removed and the error re-raised; only
+    a process killed outright leaves it behind, under its hidden name.
+    """
+    path = Path(path)
+    partial = partial_path(path)
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[_write(fd, view) :]
+            os.fsync(fd)  # the bytes are on disk before the name points at them
+        finally:
+            os.close(fd)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)  # gives a full disk its space back
+        raise
+    fsync_dir(path.parent)
+
+
+def _write(fd: int, data: memoryview) -> int:
+    return os.write(fd, data)  # one place to simulate a full disk in tests
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable (a crash right after it could otherwise undo it)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some platforms cannot open folders; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_partials(folder: Path) -> list[Path]:
+    """Delete the temporary files a killed writer left in `folder`; call only while no one writes there."""
+    stale = sorted(folder.glob(".*.partial")) if folder.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale

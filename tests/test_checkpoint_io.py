@@ -1,0 +1,161 @@
+"""Checkpoint files: atomic writes, a full disk, and checkpoints that try to run code when loaded."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import project.atomic
+from project.atomic import atomic_write
+from project.callbacks.rng_state import RNGState
+from project.checkpoint_io import AtomicCheckpointIO, UnsafeCheckpointError, load_checkpoint_file
+from project.errors import UserError
+from tests.conftest import fast_args, run_cli
+
+
+def fail_writes_halfway(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write stores half its bytes, then reports a full disk, as a real full disk does."""
+
+    def write(fd: int, data: memoryview) -> int:
+        os.write(fd, data[: max(1, len(data) // 2)])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(project.atomic, "_write", write)
+
+
+def test_atomic_write_leaves_the_old_file_or_the_new_one(tmp_path: Path, monkeypatch) -> None:
+    target = tmp_path / "file.bin"
+    atomic_write(target, b"old" * 1000)
+    fail_writes_halfway(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write(target, b"new" * 1000)
+    assert target.read_bytes() == b"old" * 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.bin"]  # the partial file was removed
+    monkeypatch.undo()
+    atomic_write(target, b"new")
+    assert target.read_bytes() == b"new"
+
+
+def test_checkpoint_is_renamed_into_place_from_a_hidden_partial(tmp_path: Path, monkeypatch) -> None:
+    renames, syncs = [], []
+    real_replace, real_fsync = os.replace, os.fsync
+    monkeypatch.setattr(
+        project.atomic.os, "replace", lambda a, b: (renames.append((a, b)), real_replace(a, b))
+    )
+    monkeypatch.setattr(project.atomic.os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd)))
+    path = tmp_path / "run" / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}, "epoch": 1}, path)
+    assert renames == [(path.with_name(".last.ckpt.partial"), path)]
+    assert len(syncs) == 2  # the file, then its folder
+    assert torch.equal(AtomicCheckpointIO().load_checkpoint(path)["state_dict"]["w"], torch.ones(3))
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_full_disk_keeps_earlier_checkpoints_and_says_what_to_free(
+    workdir: Path, shapes_root: Path, monkeypatch, capsys
+) -> None:
+    configs = []
+    monkeypatch.setattr("project.callbacks.save_config.atomic_write", lambda path, data: configs.append(path))
+    small = "--model.backbone=mobilenet_v3_small"  # 18 MB checkpoints instead of 135 MB
+    short = ["--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1", small]
+    assert run_cli("fit", *fast_args(shapes_root, "--name=full", *short)) == 0
+    assert configs == [Path("logs/full/config.yaml")]  # the saved config goes through atomic_write too
+    run = workdir / "checkpoints" / "full"
+    before = digests(run)
+    assert len(before) == 2  # epoch=000-val_acc=....ckpt and last.ckpt
+    fail_writes_halfway(monkeypatch)
+    resume = ["--name=full", "--ckpt_path=last", "--trainer.max_epochs=2", *short]
+    assert run_cli("fit", *fast_args(shapes_root, *resume)) == 2
+    err = capsys.readouterr().err
+    assert re.search(
+        r"error: No space left on the disk to write checkpoint '[^']*checkpoints/full/epoch=001", err
+    )
+    assert re.search(r"the checkpoints already in '[^']*checkpoints/full' are intact", err)
+    assert re.search(r"Fix: free at least [\d.]+ MB on that disk", err)
+    assert "--name full --ckpt_path last" in err
+    assert digests(run) == before  # nothing changed, no partial file left behind
+    assert load_checkpoint_file(run / "last.ckpt")["epoch"] == 0
+
+
+class RunsCode:
+    """Unpickling this calls os.system: what a malicious checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture
+def crafted(workdir: Path) -> tuple[Path, Path]:
+    """A checkpoint inside a run folder whose unpickling would create `marker`."""
+    marker = workdir / "code-ran"
+    path = workdir / "checkpoints" / "evil" / "last.ckpt"
+    path.parent.mkdir(parents=True)
+    torch.save({"state_dict": {}, "hyper_parameters": {"num_classes": 2}, "payload": RunsCode(marker)}, path)
+    return path, marker
+
+
+def test_crafted_checkpoint_is_refused_by_every_loader(crafted: tuple[Path, Path]) -> None:
+    path, marker = crafted
+    for load in (load_checkpoint_file, AtomicCheckpointIO().load_checkpoint):
+        with pytest.raises(
+            UnsafeCheckpointError, match=r"Refused to load checkpoint .*posix\.system.*Nothing"
+        ):
+            load(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fit", "--ckpt_path=last", "--name=evil"],
+        ["fit", "--ckpt_path={path}"],
+        ["validate", "--ckpt_path={path}"],
+        ["test", "--ckpt_path={path}"],
+        ["predict", "--ckpt_path={path}", "--data.predict_dir=."],
+        ["export", "--ckpt_path={path}"],
+        ["fit", "--model.weights={path}", "--name=uses-weights"],
+    ],
+    ids=["fit-last", "fit", "validate", "test", "predict", "export", "model.weights"],
+)
+def test_crafted_checkpoint_runs_nothing_on_any_command(
+    crafted: tuple[Path, Path], shapes_root: Path, args: list[str], capsys
+) -> None:
+    path, marker = crafted
+    command, *rest = (a.format(path=path) for a in args)
+    assert run_cli(command, *fast_args(shapes_root, *rest)) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"error: Refused to load checkpoint '[^']*checkpoints/evil/last.ckpt'", err)
+    assert "Traceback" not in err
+    assert not marker.exists()
+
+
+def test_truncated_checkpoint_is_one_message(tmp_path: Path) -> None:
+    path = tmp_path / "cut.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}}, path)
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(UserError, match=r"Cannot read checkpoint '.*cut.ckpt'.*truncated"):
+        load_checkpoint_file(path)
+
+
+def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path) -> None:
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    callback = RNGState()
+    torch.save({"rng": callback.state_dict()}, tmp_path / "rng.ckpt")
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    callback.load_state_dict(load_checkpoint_file(tmp_path / "rng.ckpt")["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected

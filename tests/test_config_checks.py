@@ -1,0 +1,107 @@
+"""Invalid option values end in one clear error before anything is trained (property-based)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonargparse import Namespace
+
+from project.config_checks import check_cli_config
+from project.data.datamodule import ImageDataModule
+from project.errors import UserError
+from project.model import ImageClassifier
+from tests.conftest import fast_args, run_cli
+
+EXAMPLES = settings(max_examples=40, deadline=None)
+non_positive_ints = st.integers(max_value=0)
+numbers = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@EXAMPLES
+@given(non_positive_ints)
+def test_batch_size_must_be_positive(value: int) -> None:
+    with pytest.raises(
+        UserError, match=rf"--data.batch_size={value} is out of range: it must be an integer >= 1"
+    ):
+        ImageDataModule(batch_size=value)
+
+
+@EXAMPLES
+@given(non_positive_ints)
+def test_image_size_must_be_positive(value: int) -> None:
+    with pytest.raises(UserError, match=rf"--data.image_size={value} is out of range"):
+        ImageDataModule(image_size=value)
+
+
+@EXAMPLES
+@given(numbers.filter(lambda v: not 0 < v < 1))
+def test_val_split_must_be_inside_0_1(value: float) -> None:
+    with pytest.raises(
+        UserError, match=r"--data.val_split=.* is out of range: it must be a number between 0 and 1"
+    ):
+        ImageDataModule(val_split=value)
+
+
+@EXAMPLES
+@given(numbers.filter(lambda v: not v > 0))
+def test_learning_rate_must_be_positive(value: float) -> None:
+    config = Namespace(
+        model=Namespace(optimizer=Namespace(init_args=Namespace(lr=value))), trainer=Namespace()
+    )
+    with pytest.raises(
+        UserError, match=r"--model.optimizer.init_args.lr=.* is out of range: it must be a number > 0"
+    ):
+        check_cli_config(config)
+
+
+@EXAMPLES
+@given(non_positive_ints)
+def test_accumulate_grad_batches_must_be_positive(value: int) -> None:
+    config = Namespace(trainer=Namespace(accumulate_grad_batches=value))
+    with pytest.raises(UserError, match=rf"--trainer.accumulate_grad_batches={value} is out of range"):
+        check_cli_config(config)
+
+
+@EXAMPLES
+@given(st.text(min_size=1, max_size=20).filter(lambda s: s.strip() and s not in ("resnet18",)))
+def test_unknown_backbone_is_named(name: str) -> None:
+    from project.backbones import classification_models
+
+    if name in classification_models():
+        return
+    with pytest.raises(UserError, match=r"(?s)Unknown backbone '.*' \(--model.backbone\)"):
+        ImageClassifier(num_classes=3, backbone=name)
+
+
+def test_valid_values_pass() -> None:
+    ImageDataModule(batch_size=1, image_size=1, val_split=0.5)
+    check_cli_config(
+        Namespace(model=Namespace(optimizer=Namespace(init_args=Namespace(lr=1e-9))), trainer=Namespace())
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--data.batch_size=0", "--data.batch_size=0 is out of range: it must be an integer >= 1"),
+        ("--data.batch_size=-4", "--data.batch_size=-4 is out of range"),
+        ("--model.optimizer.init_args.lr=0", "--model.optimizer.init_args.lr=0.0 is out of range"),
+        ("--model.optimizer.init_args.lr=-0.1", "--model.optimizer.init_args.lr=-0.1 is out of range"),
+        ("--data.image_size=0", "--data.image_size=0 is out of range"),
+        ("--model.backbone=resnet181", "Unknown backbone 'resnet181' (--model.backbone)"),
+        ("--data.val_split=1.5", "--data.val_split=1.5 is out of range"),
+        ("--data.val_split=0", "--data.val_split=0.0 is out of range"),
+        ("--trainer.accumulate_grad_batches=0", "--trainer.accumulate_grad_batches=0 is out of range"),
+        ("--trainer.precision=17-mixed", 'Parser key "trainer.precision"'),
+    ],
+)
+def test_cli_stops_before_training(workdir: Path, shapes_root: Path, flag: str, message: str, capsys) -> None:
+    assert run_cli("fit", *fast_args(shapes_root, "--name=bad", flag)) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert not (workdir / "checkpoints" / "bad").exists()  # nothing was trained or written
+    assert not list((workdir / "logs").glob("bad/*.tfevents*"))

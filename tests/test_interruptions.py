@@ -1,0 +1,93 @@
+"""Real subprocesses, real signals: SIGTERM/Ctrl-C save a resumable checkpoint; SIGKILL loses no file."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import project
+from tests.conftest import fast_args, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = "--model.backbone=mobilenet_v3_small"  # 18 MB checkpoints
+
+
+def start_fit(workdir: Path, *args: str) -> subprocess.Popen:
+    """`python -m project fit ARGS` in its own process group, as a terminal or a scheduler starts it."""
+    env = {**os.environ, "PYTHONPATH": str(Path(project.__file__).resolve().parents[1])}
+    command = [sys.executable, "-m", "project", "fit", *args]
+    return subprocess.Popen(
+        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("signum", "workers"), [(signal.SIGTERM, 0), (signal.SIGINT, 2)], ids=["SIGTERM", "SIGINT-with-workers"]
+)
+def test_signal_stops_after_the_batch_with_a_resumable_checkpoint(
+    workdir: Path, shapes_root: Path, signum: signal.Signals, workers: int
+) -> None:
+    name = f"stop-{signum.name}"
+    args = fast_args(
+        shapes_root, f"--name={name}", SMALL, "--trainer.max_epochs=100", f"--data.num_workers={workers}"
+    )
+    proc = start_fit(workdir, *args)
+    run = workdir / "checkpoints" / name
+    wait_for(run / "last.ckpt", proc)  # epoch 0 is done: training is under way
+    os.killpg(proc.pid, signum)  # the whole group, as Ctrl-C in a terminal does (loader workers too)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 128 + signum, output
+    assert f"Received {signum.name}: stopping after this batch" in output
+    assert f"Resume with:\n  python -m project fit --name {name} --ckpt_path last" in output
+    assert "Traceback" not in output
+    saved = torch.load(run / "last.ckpt", weights_only=True)
+    assert saved["global_step"] >= 3  # at least epoch 0's three steps
+    assert not list(run.glob(".*.partial"))
+    if signum != signal.SIGTERM:
+        return
+    epochs = saved["epoch"] + 2
+    resume = fast_args(
+        shapes_root, f"--name={name}", SMALL, "--ckpt_path=last", f"--trainer.max_epochs={epochs}"
+    )
+    assert run_cli("fit", *resume) == 0
+    final = torch.load(run / "last.ckpt", weights_only=True)
+    assert (final["epoch"], final["global_step"]) == (epochs - 1, epochs * 3)  # steps continue, none repeated
+
+
+def load_soak():
+    spec = importlib.util.spec_from_file_location("kill_resume", ROOT / "bench" / "kill_resume.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path: Path, shapes_root: Path) -> None:
+    """Two trials of bench/kill_resume.py: one killed inside a checkpoint write, one mid-epoch."""
+    soak = load_soak()
+    reference, duration = soak.run_reference(tmp_path, shapes_root, epochs=2)
+    rng = random.Random(0)
+    for mode in ("write", "epoch"):
+        trial = soak.run_trial(tmp_path, shapes_root, 2, f"t-{mode}", mode, duration, rng, kills=1)
+        soak.compare(trial, tmp_path / "checkpoints" / trial.name, reference)
+        assert trial.ok, trial.problems
+        assert (trial.kills, trial.resumes, trial.lost) == (1, 1, 0)
