@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -59,3 +63,22 @@ def remove_partials(folder: Path) -> list[Path]:
     for path in stale:
         path.unlink(missing_ok=True)
     return stale
+
+
+@contextmanager
+def atomic_folder(root: Path) -> Iterator[Path]:
+    """Fill the yielded hidden folder beside `root`; it becomes `root` only if the block completes.
+
+    When another process made `root` first, its copy is kept. The staging folder never outlives the block.
+    """
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    try:
+        yield staging
+        try:
+            os.replace(staging, root)
+        except OSError:
+            if not root.exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import html
-import os
+import io
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +23,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from project import figures
+from project.atomic import atomic_write
 from project.errors import UserError, user_message
 from project.runs import LOGS
 
@@ -163,13 +164,7 @@ td,th{{padding:2px 12px;text-align:left}} tr:nth-child(even){{background:#f4f4f4
 {rows}
 </table></body></html>
 """
-    _write_atomically(path, page.encode())
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, path)
+    atomic_write(path, page.encode())
 
 
 def report(run: str, output: str | None = None) -> Path:
@@ -178,9 +173,9 @@ def report(run: str, output: str | None = None) -> Path:
     data = read_run(run_dir)
     png = Path(output) if output else run_dir / "report.png"
     png.parent.mkdir(parents=True, exist_ok=True)
-    partial = png.with_name(f".{png.name}.partial")
-    draw_report(data).savefig(partial, format="png")
-    os.replace(partial, png)
+    image = io.BytesIO()
+    draw_report(data).savefig(image, format="png")
+    atomic_write(png, image.getbuffer())
     write_html(data, png, png.with_suffix(".html"))
     return png
 

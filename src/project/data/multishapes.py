@@ -8,14 +8,12 @@ deterministic for a seed, and atomic like the shapes data set (temporary folder,
 from __future__ import annotations
 
 import csv
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from project.atomic import atomic_folder
 from project.data.shapes import CLASSES, SUPERSAMPLE, paint
 
 CELLS = ((0, 0), (1, 0), (0, 1), (1, 1))  # quarters of the image, as (column, row)
@@ -28,9 +26,7 @@ def generate_multishapes(
     root = Path(root)
     if root.exists():
         return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
-    try:
+    with atomic_folder(root) as staging:
         rows = []
         for split_id, (split, count) in enumerate((("train", train), ("val", val))):
             (staging / split).mkdir()
@@ -42,12 +38,6 @@ def generate_multishapes(
                 rows.append((file, " ".join(names), split))
         with open(staging / "labels.csv", "w", newline="") as f:
             csv.writer(f).writerows([("file", "labels", "split"), *rows])
-        os.replace(staging, root)
-    except OSError:
-        if not root.exists():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return root
 
 

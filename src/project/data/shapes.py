@@ -7,13 +7,12 @@ Deterministic: the same seed draws the same pixels on every machine (JPEG files,
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from project.atomic import atomic_folder
 
 CLASSES = ("circle", "cross", "ring", "square", "star", "triangle")
 SUPERSAMPLE = 2  # draw large, then downsample: smooth edges like a photographed object
@@ -30,9 +29,7 @@ def generate_shapes(
     root = Path(root)
     if root.exists():
         return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
-    try:
+    with atomic_folder(root) as staging:
         for split_id, (split, count) in enumerate((("train", train_per_class), ("val", val_per_class))):
             for label, name in enumerate(CLASSES):
                 folder = staging / split / name
@@ -40,12 +37,6 @@ def generate_shapes(
                 for i in range(count):
                     rng = np.random.default_rng([seed, split_id, label, i])
                     draw_shape(name, image_size, rng).save(folder / f"{i:05d}.jpg", quality=90)
-        os.replace(staging, root)  # another process may have won the race: then keep its copy
-    except OSError:
-        if not root.exists():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return root
 
 
