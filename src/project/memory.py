@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 
 from project.backbones import head_of
 
@@ -44,7 +43,10 @@ def measure(model: L.LightningModule, trainer: L.Trainer, batch_size: int, image
     model = plugin.convert_module(model).to(device).train()
     num_classes = model.hparams.num_classes
     images = torch.randint(0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, device=device)
-    labels = torch.randint(0, num_classes, (batch_size,), device=device)
+    if getattr(model, "task", "multiclass") == "multilabel":
+        labels = torch.randint(0, 2, (batch_size, num_classes), dtype=torch.uint8, device=device)
+    else:
+        labels = torch.randint(0, num_classes, (batch_size,), device=device)
     params = [p for p in model.parameters()]
     trainable = [p for p in params if p.requires_grad]
     optimizer = model.optimizer([{"params": trainable}])
@@ -53,7 +55,7 @@ def measure(model: L.LightningModule, trainer: L.Trainer, batch_size: int, image
 
     saved = ActivationCounter(params)
     with plugin.train_step_context(), torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-        loss = F.cross_entropy(model(plugin.convert_input(images)), labels)
+        loss, _ = model._loss((plugin.convert_input(images), labels))  # the loss training uses
     loss.backward()
     optimizer.step()
     state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]

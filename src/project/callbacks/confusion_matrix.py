@@ -30,10 +30,11 @@ class ConfusionMatrix(Callback):
         self.enabled = enabled
         self.matrix: MulticlassConfusionMatrix | None = None
         self.per_class: MulticlassAccuracy | None = None
+        self._active = False
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.enabled = self.enabled and single_label(pl_module)
-        if not self.enabled:
+        self._active = self.enabled and single_label(pl_module)
+        if not self._active:
             return
         if self.matrix is None:
             num_classes = pl_module.hparams["num_classes"]
@@ -51,13 +52,13 @@ class ConfusionMatrix(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if self.enabled and isinstance(outputs, torch.Tensor) and batch is not None:
+        if self._active and isinstance(outputs, torch.Tensor) and batch is not None:
             preds = outputs.argmax(dim=1)
             self.matrix.update(preds, batch[1])
             self.per_class.update(preds, batch[1])
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.enabled or trainer.sanity_checking or self.matrix.update_count == 0:
+        if not self._active or trainer.sanity_checking or self.matrix.update_count == 0:
             return
         counts, accuracy = self.matrix.compute(), self.per_class.compute()  # every rank: they synchronize
         names = getattr(pl_module, "class_names", None) or [str(i) for i in range(len(counts))]

@@ -60,19 +60,26 @@ class GracefulStop(Callback):
             flush=True,
         )
 
-    def _stop_if_signalled(self) -> None:
-        if self.signum is not None:
+    def _stop_if_signalled(self, trainer: L.Trainer) -> None:
+        signalled = self.signum is not None
+        if trainer.world_size > 1:
+            # every rank stops at the same batch, or the others wait in the next collective forever
+            signalled = trainer.strategy.reduce_boolean_decision(signalled, all=False)
+            if signalled and self.signum is None:
+                self.signum = signal.SIGTERM  # another rank was signalled: stop (and save) with it
+        if signalled:
             raise Interrupted(128 + self.signum)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self._stop_if_signalled()
+        self._stop_if_signalled(trainer)
 
     def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.state.fn == "fit":
-            self._stop_if_signalled()
+        # ranks may run one validation batch more or less (no repeated images): no collective here
+        if trainer.state.fn == "fit" and trainer.world_size == 1:
+            self._stop_if_signalled(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._stop_if_signalled()
+        self._stop_if_signalled(trainer)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException

@@ -54,14 +54,17 @@ class NonFiniteGuard(Callback):
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
+        saved, self._buffers = self._buffers, None  # cleared every step, also one without backward
         if self.action == "off" or self._loss is None:
             return
         loss, self._loss = self._loss, None
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         norm = torch.nn.utils.get_total_norm(grads) if grads and scaler is None else loss.new_zeros(())
-        saved, self._buffers = self._buffers, None
-        if bool(torch.isfinite(torch.stack([loss, norm.to(loss)])).all()):
+        finite = bool(torch.isfinite(torch.stack([loss, norm.to(loss)])).all())
+        if trainer.world_size > 1:  # losses differ per rank: all stop or skip together, or they hang
+            finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if finite:
             return
         what = f"loss is {loss.item()}" if not torch.isfinite(loss) else f"gradient norm is {norm.item()}"
         where = f"step {trainer.global_step} (epoch {trainer.current_epoch})"

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.strategies import FSDPStrategy
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from project.config_checks import fraction, positive_int, require
@@ -292,7 +293,12 @@ class ImageDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset, shuffle: bool = False) -> DataLoader:
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         sampler = None
-        if not shuffle and self.trainer is not None and self.trainer.world_size > 1:
+        if (
+            not shuffle
+            and self.trainer is not None
+            and self.trainer.world_size > 1
+            and not isinstance(self.trainer.strategy, FSDPStrategy)  # every FSDP forward is collective
+        ):
             # evaluation counts every image once; Lightning's DistributedSampler would pad with repeats
             world, rank = self.trainer.world_size, self.trainer.global_rank
             sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
