@@ -7,7 +7,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+from torchmetrics.classification import MulticlassConfusionMatrix
 
 from project import figures
 from project.callbacks.tensorboard import add_image, single_label, step, writer
@@ -18,7 +18,8 @@ class ConfusionMatrix(Callback):
     `val/confusion_matrix_counts` (the counts, as a tensor, for the report) and one
     `val_class_acc/<class>` scalar per class.
 
-    Both metrics accumulate on the model's device and are synchronized across processes by torchmetrics.
+    The counts accumulate on the model's device and are synchronized across processes by torchmetrics;
+    per-class accuracy is read off them (diagonal over row sums).
     Needs `validation_step` to return the logits.
     """
 
@@ -29,7 +30,6 @@ class ConfusionMatrix(Callback):
         """
         self.enabled = enabled
         self.matrix: MulticlassConfusionMatrix | None = None
-        self.per_class: MulticlassAccuracy | None = None
         self._active = False
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -39,9 +39,7 @@ class ConfusionMatrix(Callback):
         if self.matrix is None:
             num_classes = pl_module.hparams["num_classes"]
             self.matrix = MulticlassConfusionMatrix(num_classes)
-            self.per_class = MulticlassAccuracy(num_classes, average=None)
         self.matrix.to(pl_module.device).reset()
-        self.per_class.to(pl_module.device).reset()
 
     def on_validation_batch_end(
         self,
@@ -55,12 +53,12 @@ class ConfusionMatrix(Callback):
         if self._active and isinstance(outputs, torch.Tensor) and batch is not None:
             preds = outputs.argmax(dim=1)
             self.matrix.update(preds, batch[1])
-            self.per_class.update(preds, batch[1])
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._active or trainer.sanity_checking or self.matrix.update_count == 0:
             return
-        counts, accuracy = self.matrix.compute(), self.per_class.compute()  # every rank: they synchronize
+        counts = self.matrix.compute()  # on every rank: torchmetrics synchronizes the counts
+        accuracy = counts.diag() / counts.sum(dim=1).clamp_min(1)  # per-class accuracy (recall), 0 if absent
         names = getattr(pl_module, "class_names", None) or [str(i) for i in range(len(counts))]
         for name, value in zip(names, accuracy, strict=True):
             pl_module.log(f"val_class_acc/{name}", value, sync_dist=False)  # already synchronized
