@@ -16,6 +16,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from project.config_checks import fraction, positive_int, require
+from project.data.cache import DecodedImages, decode_all
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
 from project.data.index import ImageIndex, list_images, scan_folder, stratified_split
 from project.data.labels_csv import read_labels_csv
@@ -81,6 +82,7 @@ class ImageDataModule(L.LightningDataModule):
         predict_dir: str | None = None,
         labels_csv: str | None = None,
         label_delimiter: str = " ",
+        cache: bool = False,
     ) -> None:
         """
         Args:
@@ -102,6 +104,9 @@ class ImageDataModule(L.LightningDataModule):
                 to the CSV's folder when root is null). Makes the model multi-label (sigmoid + BCE).
                 data/multishapes/labels.csv, the embedded example, is generated on first use.
             label_delimiter: What separates the labels in the CSV's labels column (" ": any whitespace).
+            cache: Decode the train and val images once, at setup, into shared memory, and read them
+                from there every epoch: for small images (CIFAR-sized) whose decoding costs as much as
+                the augmentation. Refused, with the numbers, when it would take over half the free memory.
         """
         super().__init__()
         check_data_options(val_split, image_size, crop_ratio, scale, ratio, batch_size, num_workers)
@@ -125,6 +130,8 @@ class ImageDataModule(L.LightningDataModule):
         self.num_workers = default_num_workers() if num_workers is None else num_workers
         self.skip_bad_images = skip_bad_images
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
+        self.cache = cache
+        self.decoded: dict[str, DecodedImages] = {}  # by split, kept across stages of one process
         self.datasets: dict[str, Dataset] = {}
         self.skip_log: SkipLog | None = None
 
@@ -226,7 +233,12 @@ class ImageDataModule(L.LightningDataModule):
 
     def _labelled(self, split: str, transform: torch.nn.Module) -> ImageDataset:
         self._check_model_classes()
-        return ImageDataset(self.splits[split], transform, self.skip_bad_images, self.skip_log)
+        index = self.splits[split]
+        if self.cache and split not in self.decoded:
+            self.decoded[split] = decode_all(
+                index, split, self.num_workers, self.skip_bad_images, self.skip_log
+            )
+        return ImageDataset(index, transform, self.skip_bad_images, self.skip_log, self.decoded.get(split))
 
     def _check_model_classes(self) -> None:
         """A checkpoint's classes must be the data's classes, in the same order."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from project.data.cache import DecodedImages
 from project.data.decode import BadImageError, load_rgb
 from project.data.index import ImageIndex
 from project.data.skipped import SkipLog
@@ -17,7 +18,10 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 
 
 class ImageDataset(Dataset):
-    """(uint8 image, label) pairs; a bad file raises, or yields None when `skip_bad_images` is set."""
+    """(uint8 image, label) pairs; a bad file raises, or yields None when `skip_bad_images` is set.
+
+    With `cache`, images come from the decoded buffer instead of the files (same transforms after).
+    """
 
     def __init__(
         self,
@@ -25,8 +29,10 @@ class ImageDataset(Dataset):
         transform: Transform,
         skip_bad_images: bool = False,
         skip_log: SkipLog | None = None,
+        cache: DecodedImages | None = None,
     ) -> None:
         self.index = index
+        self.cache = cache
         self.transform = transform
         self.skip_bad_images = skip_bad_images
         self.skip_log = skip_log
@@ -36,7 +42,8 @@ class ImageDataset(Dataset):
         return len(self.index)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int | torch.Tensor] | None:
-        image = _load(self.index.path(i), self)
+        # from the cache: decoded once at setup, where a bad file was reported
+        image = self.cache.image(i) if self.cache is not None else _load(self.index.path(i), self)
         if image is None:
             return None
         label = self.index.labels[i]  # a class, or a multi-hot uint8 row for multi-label data

@@ -1,0 +1,146 @@
+"""Decode every image of a split once into one uint8 buffer that loader workers read without copying.
+
+For small-image data sets (CIFAR-sized JPEGs) decoding is a large share of an epoch; with
+`--data.cache=true` each file is decoded once, at setup, and every later epoch reads the buffer.
+The buffer is one flat tensor plus two int64/int32 arrays (offsets, shapes): no per-image Python
+objects, so forked workers share its pages and never copy them. Transforms still run per epoch,
+so the crops, flips and augmentations are exactly those of the uncached path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from project.data.decode import BadImageError, load_rgb
+from project.data.index import ImageIndex
+from project.data.skipped import SkipLog
+from project.errors import UserError
+
+MEMORY_SHARE = 0.5  # at most this share of the available memory may hold the decoded images
+SAMPLE = 64  # images decoded to estimate the whole cache before decoding it
+CHUNK = 256  # images per message from a decoding worker
+
+
+@dataclass(frozen=True)
+class DecodedImages:
+    """Image i is `buffer[offsets[i]:][: prod(shapes[i])]` viewed as [C, H, W]; shape (0, 0, 0): bad file."""
+
+    buffer: torch.Tensor  # uint8, flat
+    offsets: torch.Tensor  # int64 [N]
+    shapes: torch.Tensor  # int32 [N, 3]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def image(self, i: int) -> torch.Tensor | None:
+        c, h, w = self.shapes[i].tolist()
+        if c == 0:
+            return None
+        start = int(self.offsets[i])
+        return self.buffer[start : start + c * h * w].view(c, h, w)  # a view: no copy
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes + self.offsets.nbytes + self.shapes.nbytes
+
+
+class _Decode(Dataset):
+    """Image i decoded, or the reason it is bad: run in loader workers."""
+
+    def __init__(self, index: ImageIndex) -> None:
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> torch.Tensor | str:
+        try:
+            return load_rgb(self.index.path(i))
+        except BadImageError as e:
+            return e.reason
+
+
+def _flatten(images: list[torch.Tensor | str]) -> tuple[torch.Tensor, torch.Tensor, list[str | None]]:
+    """A chunk as one flat tensor: one shared-memory handle per chunk instead of one per image."""
+    good = [im for im in images if not isinstance(im, str)]
+    flat = torch.cat([im.reshape(-1) for im in good]) if good else torch.empty(0, dtype=torch.uint8)
+    shapes = torch.tensor(
+        [(0, 0, 0) if isinstance(im, str) else im.shape for im in images], dtype=torch.int32
+    )
+    return flat, shapes, [im if isinstance(im, str) else None for im in images]
+
+
+def decode_all(
+    index: ImageIndex,
+    split: str,
+    num_workers: int,
+    skip_bad_images: bool,
+    skip_log: SkipLog | None = None,
+    available: int | None = None,
+) -> DecodedImages:
+    """Decode every file of `index` once (in `num_workers` processes); refuse before if it cannot fit."""
+    _check_fits(index, split, available if available is not None else available_memory())
+    started = time.perf_counter()
+    loader = DataLoader(_Decode(index), batch_size=CHUNK, num_workers=num_workers, collate_fn=_flatten)
+    chunks, shapes = [], []
+    for start, (flat, chunk_shapes, reasons) in zip(range(0, len(index), CHUNK), loader, strict=True):
+        for i, reason in enumerate(reasons, start):
+            if reason is None:
+                continue
+            if not skip_bad_images:
+                load_rgb(index.path(i))  # raises the error that names the file and the fix
+            if skip_log is not None:
+                skip_log.add(index.path(i), reason)
+        chunks.append(flat.clone())  # out of the worker's shared memory: its handle is released
+        shapes.append(chunk_shapes)
+    all_shapes = torch.cat(shapes)
+    sizes = all_shapes.to(torch.int64).prod(dim=1)
+    buffer = torch.cat(chunks)  # the files in index order, back to back
+    del chunks
+    if torch.multiprocessing.get_start_method() != "fork":
+        buffer.share_memory_()  # spawned workers receive a handle to it instead of a pickled copy
+    cache = DecodedImages(buffer, torch.cumsum(sizes, 0) - sizes, all_shapes)
+    print(
+        f"Cached {len(index):,} {split} images: {cache.nbytes / 2**20:.1f} MiB decoded in "
+        f"{time.perf_counter() - started:.1f} s."
+    )
+    return cache
+
+
+def _check_fits(index: ImageIndex, split: str, available: int) -> None:
+    """Estimate the decoded size from a sample of the files; stop with the numbers if it is too large."""
+    if not len(index):
+        return
+    step = max(1, len(index) // SAMPLE)
+    sizes = []
+    for i in range(0, len(index), step):
+        try:
+            sizes.append(load_rgb(index.path(i)).numel())
+        except BadImageError:
+            continue
+    estimate = (sum(sizes) / max(1, len(sizes))) * len(index)
+    if 2 * estimate > MEMORY_SHARE * available:  # decoded images and the buffer coexist while it is built
+        raise UserError(
+            f"--data.cache=true would hold the {len(index):,} {split} images decoded: about "
+            f"{estimate / 2**30:.2f} GiB (twice that while it is built), more than {MEMORY_SHARE:.0%} of "
+            f"the {available / 2**30:.2f} GiB of memory available.",
+            "set --data.cache=false (files are then decoded every epoch), or train at a smaller source "
+            "resolution (resize the files on disk once).",
+        )
+
+
+def available_memory() -> int:
+    """Bytes of memory the system can still give (MemAvailable), or physical memory where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

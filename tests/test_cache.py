@@ -1,0 +1,79 @@
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.data.cache import decode_all
+from project.data.datamodule import ImageDataModule
+from project.data.index import scan_folder
+from project.errors import UserError
+from tests.conftest import write_image
+
+
+def samples(dm: ImageDataModule, split: str, seed: int) -> list[tuple[torch.Tensor, int]]:
+    torch.manual_seed(seed)
+    dataset = dm.datasets[split]
+    return [dataset[i] for i in range(len(dataset))]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_cached_samples_equal_uncached_ones(shapes_root: Path, num_workers: int) -> None:
+    options = dict(
+        root=str(shapes_root), image_size=24, auto_augment="trivialaugment", num_workers=num_workers
+    )
+    plain, cached = ImageDataModule(**options), ImageDataModule(**options, cache=True)
+    plain.setup("fit")
+    cached.setup("fit")
+    assert len(cached.decoded["train"]) == 48 and len(cached.decoded["val"]) == 24
+    for split in ("train", "val"):  # same seed: the same crops, flips, augmentations and labels
+        for (a, label_a), (b, label_b) in zip(
+            samples(plain, split, 3), samples(cached, split, 3), strict=True
+        ):
+            assert torch.equal(a, b) and label_a == label_b
+    # and the random augmentation still differs from epoch to epoch
+    assert not torch.equal(samples(cached, "train", 3)[0][0], samples(cached, "train", 4)[0][0])
+
+
+def test_cache_is_decoded_once_and_read_as_views(shapes_root: Path) -> None:
+    dm = ImageDataModule(root=str(shapes_root), image_size=24, num_workers=0, cache=True)
+    dm.setup("fit")
+    decoded = dm.decoded["train"]
+    dm.setup("validate")  # a later stage in the same process reuses it
+    assert dm.decoded["train"] is decoded
+    image = decoded.image(5)
+    assert image.shape == (3, 32, 32)
+    assert image.untyped_storage().data_ptr() == decoded.buffer.untyped_storage().data_ptr()
+    assert decoded.nbytes == 48 * 3 * 32 * 32 + 48 * 8 + 48 * 3 * 4  # pixels, offsets, shapes: no objects
+
+
+def test_images_of_different_sizes(tmp_path: Path) -> None:
+    for i, size in enumerate([(20, 12), (7, 31), (64, 64)]):
+        write_image(tmp_path / "a" / f"{i}.png", size=size)
+    index = scan_folder(tmp_path)
+    decoded = decode_all(index, "train", num_workers=0, skip_bad_images=False)
+    assert [tuple(decoded.image(i).shape) for i in range(3)] == [(3, 12, 20), (3, 31, 7), (3, 64, 64)]
+
+
+def test_bad_file_stops_or_is_skipped(shapes_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    bad = root / "train" / "circle" / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff" + b"not a jpeg" * 10)
+    strict = ImageDataModule(root=str(root), num_workers=0, cache=True)
+    with pytest.raises(UserError, match=r"Cannot decode image '.*broken.jpg'.*skip_bad_images"):
+        strict.setup("fit")
+    lenient = ImageDataModule(root=str(root), num_workers=0, cache=True, skip_bad_images=True, batch_size=100)
+    lenient.setup("fit")
+    position = [i for i in range(len(lenient.splits["train"])) if lenient.splits["train"].path(i) == bad]
+    assert lenient.decoded["train"].image(position[0]) is None
+    images, _ = next(iter(lenient.train_dataloader()))
+    assert len(images) == 48  # 49 files, the broken one left out
+
+
+def test_cache_that_would_not_fit_is_refused_with_the_numbers(shapes_root: Path) -> None:
+    index = scan_folder(shapes_root / "train")
+    with pytest.raises(
+        UserError, match=r"--data.cache=true would hold the 48 train images.*GiB.*--data.cache=false"
+    ):
+        decode_all(index, "train", num_workers=0, skip_bad_images=False, available=100_000)
