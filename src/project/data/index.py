@@ -44,6 +44,14 @@ class ImageIndex:
     def __len__(self) -> int:
         return len(self.labels)
 
+    @classmethod
+    def from_listing(
+        cls, root: Path, paths: list[str], labels: list[int], class_names: tuple[str, ...]
+    ) -> ImageIndex:
+        """Pack a listing into fixed-width byte strings and int64 labels (no per-sample objects remain)."""
+        encoded = np.array([os.fsencode(p) for p in paths], dtype=np.bytes_)
+        return cls(root, encoded, np.array(labels, dtype=np.int64), class_names)
+
     def path(self, i: int) -> Path:
         return self.root / os.fsdecode(self.paths[i])
 
@@ -114,8 +122,7 @@ def scan_folder(root: Path, class_names: list[str] | None = None) -> ImageIndex:
             )
         paths.extend(os.path.join(name, f) for f in files)
         labels.extend([label] * len(files))
-    encoded = np.array([os.fsencode(p) for p in paths], dtype=np.bytes_)
-    return ImageIndex(root, encoded, np.array(labels, dtype=np.int64), tuple(found))
+    return ImageIndex.from_listing(root, paths, labels, tuple(found))
 
 
 def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
