@@ -12,7 +12,8 @@ images/s and the ratio to the classic pipeline:
   PIL + uint8 v2   PIL decode, then the template's uint8 transforms: the transforms' share
   float first      libjpeg-turbo decode, convert to float and normalize, then crop and resize
   template         the template's ImageDataset: libjpeg-turbo decode, crop and resize in uint8
-  template + draft reduced-size JPEG decoding (DCT scaling, 1/2 1/4 1/8) when the crop allows it
+  template + draft reduced-size JPEG decoding (PIL's draft mode: DCT scaling by 1/2, 1/4 or 1/8)
+                   when the crop still has 224 px (eval: 256) after it, the template's decoder otherwise
 
 and the same for evaluation (Resize(256) + CenterCrop(224)). The template's batches are uint8
 (normalized later, on the device); the classic ones are float32 (4x the bytes per batch).
@@ -105,14 +106,18 @@ class Draft(PilUint8):
         self.train = train
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        with Image.open(self.index.path(i)) as img:
+        path = self.index.path(i)
+        with Image.open(path) as img:
             width, height = img.size
             top, left, h, w = self.box(width, height)
             need = min(h, w) / (SIZE if self.train else RESIZE)  # the decoded crop may shrink this much
-            scale = max([s for s in (1, 2, 4, 8) if s <= need] or [1])
-            img.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))
-            factor = img.size[0] / width  # the scale libjpeg chose
-            image = F.pil_to_tensor(img.convert("RGB"))
+            scale = max([s for s in (2, 4, 8) if s <= need] or [1])
+            if scale > 1:
+                img.draft("RGB", (math.ceil(width / scale), math.ceil(height / scale)))
+                factor = img.size[0] / width  # the scale libjpeg chose
+                image = F.pil_to_tensor(img.convert("RGB"))
+        if scale == 1:  # no reduction possible: the template's own (faster) decoder
+            image, factor = load_rgb(path), 1.0
         top, left, h, w = (round(v * factor) for v in (top, left, h, w))
         if self.train:
             image = F.resized_crop(image, top, left, h, w, [SIZE, SIZE], antialias=True)
