@@ -45,6 +45,7 @@ def check_data_options(
     ratio: tuple[float, float],
     batch_size: int,
     num_workers: int | None,
+    prefetch_factor: int | None = None,
 ) -> None:
     """Reject values no run could use, before any file is read."""
     if val_split is not None:
@@ -56,6 +57,8 @@ def check_data_options(
     positive_int("data.batch_size", batch_size)
     if num_workers is not None:
         require(num_workers >= 0, "data.num_workers", num_workers, "0 or more (null: one per CPU core)")
+    if prefetch_factor is not None:
+        positive_int("data.prefetch_factor", prefetch_factor)
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -78,6 +81,7 @@ class ImageDataModule(L.LightningDataModule):
         auto_augment: AutoAugment = "none",
         batch_size: int = 64,
         num_workers: int | None = None,
+        prefetch_factor: int | None = None,
         skip_bad_images: bool = False,
         predict_dir: str | None = None,
         labels_csv: str | None = None,
@@ -98,6 +102,8 @@ class ImageDataModule(L.LightningDataModule):
             auto_augment: Extra training augmentation: none, trivialaugment or randaugment.
             batch_size: Images per batch, per device.
             num_workers: DataLoader worker processes; null means one per CPU core (at most 8).
+            prefetch_factor: Batches each worker keeps ready ahead of the training step; null means
+                PyTorch's default (2). Ignored when num_workers is 0.
             skip_bad_images: Skip files that cannot be decoded (with a warning) instead of stopping.
             predict_dir: Folder of images (searched recursively) for `predict`.
             labels_csv: Multi-label data: a CSV of `file,labels[,split]` rows (files relative to root, or
@@ -109,7 +115,9 @@ class ImageDataModule(L.LightningDataModule):
                 the augmentation. Refused, with the numbers, when it would take over half the free memory.
         """
         super().__init__()
-        check_data_options(val_split, image_size, crop_ratio, scale, ratio, batch_size, num_workers)
+        check_data_options(
+            val_split, image_size, crop_ratio, scale, ratio, batch_size, num_workers, prefetch_factor
+        )
         # num_classes and image_size are linked to the model and stored with it: one place, no disagreement
         self.save_hyperparameters(ignore=["num_classes", "image_size"])
         self.labels_csv = Path(labels_csv) if labels_csv is not None else None
@@ -128,6 +136,7 @@ class ImageDataModule(L.LightningDataModule):
         self.eval_transform = eval_transform(image_size, crop_ratio)
         self.batch_size = batch_size
         self.num_workers = default_num_workers() if num_workers is None else num_workers
+        self.prefetch_factor = prefetch_factor
         self.skip_bad_images = skip_bad_images
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
         self.cache = cache
@@ -323,5 +332,7 @@ class ImageDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=on_gpu,
             persistent_workers=self.num_workers > 0,
+            # DataLoader refuses a prefetch factor without workers: there is nothing to prefetch with
+            prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
             collate_fn=collate_skipping_none if self.skip_bad_images else default_collate,
         )
