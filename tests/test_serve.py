@@ -445,26 +445,36 @@ def test_startup_errors_are_one_message(exports: Path, tmp_path: Path) -> None:
             serve_main(["--model", str(exports / "latest.onnx"), "--port", port])
 
 
-def test_batcher_fills_batches_up_to_the_size_and_the_wait() -> None:
-    async def scenario() -> tuple[list[int], list[int]]:
-        calls: list[int] = []
+def test_batcher_fills_batches_up_to_the_size_and_waits_only_for_announced_items() -> None:
+    calls: list[int] = []
 
-        def run(items: list[int]) -> list[int]:
-            calls.append(len(items))
-            return items
+    def run(items: list[int]) -> list[int]:
+        calls.append(len(items))
+        return [10 * i for i in items]
 
-        batcher: Batcher[int, int] = Batcher(run, max_batch_size=4, max_wait_ms=50, max_pending=100)
+    async def announced(batcher: Batcher[int, int], item: int) -> int:
+        with batcher.arriving():  # as a request does while it is read and decoded
+            await asyncio.sleep(0.05)
+        return await batcher.submit(item)
+
+    async def scenario() -> list[list[int]]:
+        batcher: Batcher[int, int] = Batcher(run, max_batch_size=4, max_wait_ms=2000, max_pending=100)
         batcher.start()
-        burst = await asyncio.gather(*(batcher.submit(i) for i in range(10)))  # 4 + 4 + 2 (after the wait)
-        assert burst == list(range(10))
-        first = list(calls)
+        steps = []
+        assert await asyncio.gather(*(batcher.submit(i) for i in range(10))) == [10 * i for i in range(10)]
+        steps.append(calls[:])  # 4 + 4 + 2: the last two do not wait, nothing else is on its way
         calls.clear()
-        await batcher.submit(99)  # alone: runs when the wait is over
+        started = time.monotonic()
+        assert await asyncio.gather(batcher.submit(1), announced(batcher, 2)) == [10, 20]
+        steps.append([*calls, time.monotonic() - started < 1])  # one batch: it waited for the second
+        calls.clear()
+        started = time.monotonic()
+        await batcher.submit(3)
+        steps.append([*calls, time.monotonic() - started < 1])  # alone: no wait for max_wait_ms
         await batcher.stop()
-        return first, calls
+        return steps
 
-    first, alone = asyncio.run(scenario())
-    assert first == [4, 4, 2] and alone == [1]
+    assert asyncio.run(scenario()) == [[4, 4, 2], [2, True], [1, True]]
 
 
 def test_a_batch_that_spans_a_reload_runs_each_request_on_its_own_model(exports: Path) -> None:

@@ -213,10 +213,11 @@ def create_app(
     @app.post("/predict")
     async def predict(request: Request) -> JSONResponse:
         top_k = parse_top_k(request.query_params.get("top_k"), settings.top_k)
-        data = await bodies.image_bytes(request, settings.limits)
         loop = asyncio.get_running_loop()
-        max_pixels = settings.limits.max_pixels
-        prepared = await loop.run_in_executor(decode_pool, prepare, data, slot.current, max_pixels)
+        with batcher.arriving():
+            data = await bodies.image_bytes(request, settings.limits)
+            args = (data, slot.current, settings.limits.max_pixels)
+            prepared = await loop.run_in_executor(decode_pool, prepare, *args)
         try:
             probabilities, batch_size = await batcher.submit(prepared)
         except Overloaded as e:

@@ -4,7 +4,8 @@ One worker task takes the oldest waiting item, then gathers more until the batch
 `max_batch_size` items or `max_wait_ms` have passed since it took the first, and runs the batch in
 a thread of its own so that the event loop keeps reading requests meanwhile. Items that arrive
 while a batch runs wait in the queue and form the next one: under load batches fill up even with
-no wait at all.
+no wait at all. The worker waits only while more items are on their way (callers announce them
+with `arriving()` while they read and decode a request): a lone request never waits.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
@@ -44,6 +46,7 @@ class Batcher(Generic[Item, Result]):
         # one thread: batches run one after another, each using all the cores onnxruntime is given
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="batch")
         self._worker: asyncio.Task[None] | None = None
+        self._arriving = 0  # requests being read or decoded: items that may join the next batch
 
     def start(self) -> None:
         self._worker = asyncio.get_running_loop().create_task(self._work(), name="batcher")
@@ -60,6 +63,15 @@ class Batcher(Generic[Item, Result]):
     @property
     def pending(self) -> int:
         return self._queue.qsize()
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Announce an item while it is being prepared, so that a batch being gathered waits for it."""
+        self._arriving += 1
+        try:
+            yield
+        finally:
+            self._arriving -= 1
 
     async def submit(self, item: Item) -> Result:
         """The result of `item`, computed in some batch; raises Overloaded when the queue is full."""
@@ -85,7 +97,7 @@ class Batcher(Generic[Item, Result]):
                 batch.append(self._queue.get_nowait())
                 continue
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or not self._arriving:  # nothing on its way: waiting only adds latency
                 break
             try:
                 batch.append(await asyncio.wait_for(self._queue.get(), remaining))
