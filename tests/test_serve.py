@@ -13,6 +13,7 @@ import io
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -306,6 +307,11 @@ def test_a_body_that_never_arrives_times_out(server: Server) -> None:
     assert response.status == 408 and time.monotonic() - started < 5
     assert "did not arrive within 1 s" in json.loads(response.read())["error"]
     connection.close()
+    with socket.create_connection(("127.0.0.1", server.port)) as gone:  # leaves halfway through
+        gone.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n\xff\xd8")
+    time.sleep(0.2)
+    assert request(server.port, "GET", "/health")[0] == 200
+    assert "Traceback" not in server.log()
 
 
 def test_fuzz_malformed_requests_then_a_good_one(server: Server, images: dict[str, bytes]) -> None:
@@ -433,8 +439,10 @@ def test_startup_errors_are_one_message(exports: Path, tmp_path: Path) -> None:
         serve_main(["--model", str(exports / "latest.onnx"), "--max_batch_size", "0"])
     with pytest.raises(SystemExit, match=r"--sample_fraction is set but --sample_dir is not"):
         serve_main(["--model", str(exports / "latest.onnx"), "--sample_fraction", "0.1"])
-    import socket
-
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match=r"Cannot keep samples in --sample_dir '.*file/samples'"):
+        serve_main(["--model", str(exports / "latest.onnx"), "--sample_fraction", "0.1", "--sample_dir",
+                    str(tmp_path / "file" / "samples")])  # fmt: skip
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from PIL import Image
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from project.infer import upright_rgb
 
@@ -63,6 +63,8 @@ async def read_body(request: Request, limits: Limits) -> bytes:
         raise too_large(int(declared), limits)
     try:
         return await asyncio.wait_for(_read_capped(request, limits), limits.read_timeout_s)
+    except ClientDisconnect:  # nobody is left to read the answer; this keeps it out of the error log
+        raise RequestError(400, "The client closed the connection before sending the whole body.") from None
     except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         raise RequestError(
             408,

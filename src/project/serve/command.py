@@ -38,7 +38,14 @@ def parser() -> argparse.ArgumentParser:
     batching.add_argument(
         "--threads", type=int, default=None, help="onnxruntime threads (default: one per core)"
     )
-    batching.add_argument("--decode_threads", type=int, default=min(4, os.cpu_count() or 1))
+    # decoding holds the GIL outside Pillow's C code, so more threads than half the cores contend
+    # with the event loop instead of overlapping (2 cores: 1 thread answered 18% more than 2)
+    batching.add_argument(
+        "--decode_threads",
+        type=int,
+        default=max(1, min(4, (os.cpu_count() or 2) // 2)),
+        help="threads decoding and resizing images (default: half the cores, at most 4)",
+    )
     limits = p.add_argument_group("limits")
     limits.add_argument("--max_body_mb", type=float, default=20.0, help="largest request body")
     limits.add_argument("--max_pixels", type=int, default=40_000_000, help="largest image (width x height)")
@@ -102,7 +109,13 @@ def serve(args: argparse.Namespace) -> None:
     sampler = None
     if args.sample_fraction > 0:
         max_bytes = round(args.sample_max_mb * 2**20)
-        sampler = Sampler(Path(args.sample_dir), args.sample_fraction, max_bytes)
+        try:
+            sampler = Sampler(Path(args.sample_dir), args.sample_fraction, max_bytes)
+        except OSError as e:
+            raise UserError(
+                f"Cannot keep samples in --sample_dir '{args.sample_dir}': {e.strerror or e}.",
+                "pass a folder this user can create and write, or leave out --sample_fraction.",
+            ) from None
     shown = f"[{host}]" if ":" in host else host
     banner = (
         f"Serving {args.model} (version {slot.current.version}) on http://{shown}:{port} "
