@@ -4,13 +4,14 @@
     python bench/serve_load.py --backbone resnet18 --image_size 224
 
 Exports a freshly initialised backbone with the real export code (speed does not depend on the
-weights), then for each server setting (batched: the defaults; unbatched: --max_batch_size 1)
-starts the service on a free loopback port and drives it with 1, 8 and 64 concurrent clients,
-each sending JPEGs back to back over one keep-alive connection. Each level runs a warm-up, then
-`--seconds` of measurement (at most `--max_requests` requests). Prints the table, the mean batch
-size read from /metrics, and the batched / unbatched throughput ratio per level.
-The load generator shares the machine's cores with the server: on a small machine it takes a
-real part of the CPU, as any client on the same host would.
+weights), starts the service twice on free loopback ports, batched (the defaults) and unbatched
+(--max_batch_size 1), and drives each with 1, 8 and 64 concurrent clients, each sending JPEGs back
+to back over one keep-alive connection. A level's `--seconds` (after a warm-up, at most
+`--max_requests` requests) are split into `--rounds` that alternate between the two servers, the
+order swapped each round, so that other load on the machine falls on both alike. Prints the
+CPU time other programs took meanwhile, the table with the mean batch size (from /metrics) and
+the batched / unbatched throughput ratio per level. The load generator shares the cores with
+the servers, as any client on the same host would.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -122,19 +124,41 @@ async def client(port: int, images: list[bytes], offset: int, window: tuple[floa
 MAX_REQUESTS = [50_000]  # measured requests per level, at most (--max_requests)
 
 
-async def level(port: int, images: list[bytes], clients: int, seconds: float, warmup: float) -> dict:
+@dataclass
+class Cell:
+    """What one server measured at one level, summed over the rounds."""
+
+    latencies: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    batches: int = 0
+    images: int = 0
+
+    def row(self) -> dict:
+        ordered = sorted(self.latencies)
+        return {
+            "requests": len(ordered),
+            "throughput": len(ordered) / self.seconds,
+            "p50": statistics.median(ordered) * 1e3,
+            "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3,
+            "mean_batch": self.images / max(1, self.batches),
+        }
+
+
+async def level(
+    port: int, images: list[bytes], clients: int, timing: tuple[float, float], cell: Cell
+) -> None:
+    """`clients` clients for `timing` = (warm-up, measured) seconds; batch sizes from /metrics."""
+    warmup, seconds = timing
+    before = await metrics(port)
     warm = time.perf_counter() + warmup
     window = (warm, warm + seconds)
     latencies: list[float] = []
     await asyncio.gather(*(client(port, images, c, window, latencies) for c in range(clients)))
-    elapsed = min(seconds, time.perf_counter() - warm)
-    ordered = sorted(latencies)
-    return {
-        "requests": len(ordered),
-        "throughput": len(ordered) / elapsed,
-        "p50": statistics.median(ordered) * 1e3,
-        "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3,
-    }
+    cell.seconds += min(seconds, time.perf_counter() - warm)
+    cell.latencies += latencies
+    after = await metrics(port)
+    cell.batches += after["batches"] - before["batches"]
+    cell.images += after["batched_images"] - before["batched_images"]
 
 
 async def metrics(port: int) -> dict:
@@ -145,16 +169,6 @@ async def metrics(port: int) -> dict:
     finally:
         writer.close()
     return json.loads(body)
-
-
-async def measure(port: int, images: list[bytes], clients: int, seconds: float, warmup: float) -> dict:
-    """One level on one server, with the mean batch size from the server's /metrics."""
-    before = await metrics(port)
-    row = await level(port, images, clients, seconds, warmup)
-    after = await metrics(port)
-    batches = after["batches"] - before["batches"]
-    row["mean_batch"] = (after["batched_images"] - before["batched_images"]) / max(1, batches)
-    return {"clients": clients, **row}
 
 
 def machine_busy() -> float:
@@ -178,7 +192,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backbone", default="mobilenet_v3_small")
     parser.add_argument("--image_size", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per level")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per level and server")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="rounds the seconds are split into, order swapped"
+    )
     parser.add_argument("--warmup", type=float, default=1.5, help="unmeasured seconds before each level")
     parser.add_argument(
         "--max_requests", type=int, default=50_000, help="measured requests per level, at most"
@@ -200,15 +217,19 @@ def main() -> None:
         print(f"serving {model.name}; request JPEGs of about {len(images[0]) // 1024 + 1} KiB")
         # both servers stay up (an idle one costs no CPU) and the levels alternate between them,
         # so that other load on the machine, if any, falls on both alike
-        servers = {name: Server(model, flags, Path(tmp) / f"{name}.log") for name, flags in settings.items()}
-        results: dict[str, list[dict]] = {name: [] for name in servers}
-        busy_before, own_before, started = machine_busy(), own_busy([*servers.values()]), time.perf_counter()
+        servers: dict[str, Server] = {}
+        cells = {(name, clients): Cell() for name in settings for clients in LEVELS}
         try:
-            for clients in LEVELS:
-                for name, server in servers.items():
-                    results[name].append(
-                        run(measure(server.port, images, clients, args.seconds, args.warmup))
-                    )
+            for name, flags in settings.items():
+                servers[name] = Server(model, flags, Path(tmp) / f"{name}.log")
+            busy_before, own_before = machine_busy(), own_busy([*servers.values()])
+            started = time.perf_counter()
+            for turn in range(args.rounds):
+                for clients in LEVELS:
+                    order = list(servers) if turn % 2 == 0 else list(servers)[::-1]
+                    for name in order:
+                        timing = (args.warmup, args.seconds / args.rounds)
+                        run(level(servers[name].port, images, clients, timing, cells[name, clients]))
             others = machine_busy() - busy_before - (own_busy([*servers.values()]) - own_before)
             wall = time.perf_counter() - started
             print(f"other programs used {others:.1f} CPU-seconds of {wall * os.cpu_count():.0f} meanwhile")
@@ -216,6 +237,7 @@ def main() -> None:
             for name, server in servers.items():
                 flags = " ".join(settings[name]) or "defaults"
                 print(f"{name} server ({flags}) stopped with status {server.stop()}")
+    results = {name: [{"clients": c, **cells[name, c].row()} for c in LEVELS] for name in settings}
     print_table(results)
 
 
