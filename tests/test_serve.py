@@ -35,6 +35,7 @@ from project.serve.batching import Batcher
 from project.serve.command import main as serve_main
 
 CLASSES = ["red", "green", "blue", "dark"]
+SRC = str(Path(__file__).parents[1] / "src")  # the code under test, also where it is not installed
 SIZE = 16
 # runs `python -m project serve ARGS` and reports at exit whether torch or lightning got imported
 PROBE = (
@@ -164,7 +165,7 @@ class Server:
                 [sys.executable, "-c", PROBE, "--model", str(model), "--port", "0", *flags],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+                env={**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])},
             )
         self.port = self._wait_for_port(deadline=time.monotonic() + 30)
         while request(self.port, "GET", "/health")[0] != 200:

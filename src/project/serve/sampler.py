@@ -26,7 +26,15 @@ from project.atomic import atomic_write, remove_partials
 
 log = logging.getLogger("uvicorn.error")
 SAMPLE_NAME = re.compile(r"^(?P<stem>\d{8}T\d{6}\.\d{6}Z-\d{6})\.\w+$")
-EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "BMP": ".bmp", "GIF": ".gif", "TIFF": ".tif", "WEBP": ".webp"}
+EXTENSIONS = {
+    "JPEG": ".jpg",
+    "PNG": ".png",
+    "BMP": ".bmp",
+    "GIF": ".gif",
+    "TIFF": ".tif",
+    "WEBP": ".webp",
+    "PPM": ".ppm",
+}
 
 
 class Sampler:
