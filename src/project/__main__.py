@@ -1,4 +1,4 @@
-"""`python -m project ...`: dispatch only. infer, report, new and doctor skip LightningCLI: they go first."""
+"""`python -m project ...`: dispatch only. infer, serve, report, new, doctor skip LightningCLI: go first."""
 
 import sys
 
@@ -6,6 +6,10 @@ if __name__ == "__main__":
     command = sys.argv[1:2]
     if command == ["infer"]:
         from project.infer import main
+
+        main(sys.argv[2:])
+    elif command == ["serve"]:
+        from project.serve.command import main
 
         main(sys.argv[2:])
     elif command == ["report"]:

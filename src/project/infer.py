@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -21,6 +22,18 @@ from PIL import Image, ImageOps
 
 from project import prediction_csv
 from project.data.index import list_images  # numpy only: keeps this module free of torch
+from project.errors import UserError, user_message
+
+
+def upright_rgb(img: Image.Image) -> Image.Image:
+    """The image as training sees it: turned upright per its EXIF orientation, 3-channel RGB."""
+    return ImageOps.exif_transpose(img).convert("RGB")
+
+
+def open_rgb(source: str | Path | bytes) -> Image.Image:
+    """Decode a file (or the bytes of one) into an upright RGB image."""
+    with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
+        return upright_rgb(img)
 
 
 class Classifier:
@@ -32,25 +45,39 @@ class Classifier:
         model = Path(model)
         sidecar = model.with_suffix(".json")
         if not model.is_file() or not sidecar.is_file():
-            sys.exit(
-                f"error: need the model and its sidecar: '{model}' and '{sidecar}'. "
-                "Fix: pass an .onnx written by `python -m project export`."
+            raise UserError(
+                f"Need the model and its sidecar: '{model}' and '{sidecar}'.",
+                "pass an .onnx written by `python -m project export`.",
             )
-        self.meta = json.loads(sidecar.read_text())
-        self.class_names = [str(c) for c in self.meta["class_names"]]
-        self.multilabel = self.meta.get("task", "multiclass") == "multilabel"
-        self.threshold = float(self.meta.get("threshold", 0.5))
-        self.size = int(self.meta["image_size"])
-        self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
+        try:
+            self.meta = json.loads(sidecar.read_text())
+            self.class_names = [str(c) for c in self.meta["class_names"]]
+            self.multilabel = self.meta.get("task", "multiclass") == "multilabel"
+            self.threshold = float(self.meta.get("threshold", 0.5))
+            self.size = int(self.meta["image_size"])
+            self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
+        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+            raise UserError(
+                f"Sidecar '{sidecar}' is not an export sidecar ({type(e).__name__}: {e}).",
+                "export the checkpoint again with `python -m project export`.",
+            ) from None
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...)
+            raise UserError(
+                f"onnxruntime cannot load '{model}': {e}.",
+                "export the checkpoint again with `python -m project export`.",
+            ) from None
 
-    def preprocess(self, path: Path) -> np.ndarray:
-        """uint8 [3, size, size]: upright, RGB, short side resized, centre-cropped."""
-        with Image.open(path) as img:
-            img = ImageOps.exif_transpose(img).convert("RGB")
+    def preprocess(self, image: str | Path | bytes | Image.Image) -> np.ndarray:
+        """uint8 [3, size, size]: upright, RGB, short side resized, centre-cropped.
+
+        `image` is a file, its bytes, or an already upright PIL image (see `open_rgb`).
+        """
+        img = image.convert("RGB") if isinstance(image, Image.Image) else open_rgb(image)
         width, height = img.size
         short, long = (width, height) if width <= height else (height, width)
         new_long = int(self.resize_to * long / short)  # torchvision's rounding
@@ -68,14 +95,17 @@ class Classifier:
         exp = np.exp(logits - logits.max(axis=1, keepdims=True))
         return exp / exp.sum(axis=1, keepdims=True)
 
+    def top(self, probabilities: np.ndarray, k: int) -> tuple[list[str], list[float]]:
+        """The k most probable class names of one image, most probable first, and their probabilities."""
+        top = np.argsort(-probabilities, kind="stable")[: min(k, len(self.class_names))]
+        return [self.class_names[i] for i in top], [float(probabilities[i]) for i in top]
+
     def classify(self, paths: Sequence[Path], top_k: int = 5, batch_size: int = 32) -> Iterator[tuple]:
-        k = min(top_k, len(self.class_names))
         for start in range(0, len(paths), batch_size):
             chunk = paths[start : start + batch_size]
             probs = self.probabilities(np.stack([self.preprocess(p) for p in chunk]))
             for path, p in zip(chunk, probs, strict=True):
-                top = np.argsort(-p, kind="stable")[:k]
-                yield path, [self.class_names[i] for i in top], [float(p[i]) for i in top]
+                yield path, *self.top(p, top_k)
 
 
 def image_files(inputs: Sequence[str]) -> list[Path]:
@@ -94,7 +124,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--output", help="write a CSV here instead of printing")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     args = parser.parse_args(argv)
-    classifier = Classifier(args.model, args.threads)
+    try:
+        classifier = Classifier(args.model, args.threads)
+    except UserError as e:
+        sys.exit(f"error: {user_message(e)}")
     files = image_files(args.inputs)
     if not files:
         sys.exit(f"error: no image files in {args.inputs}. Fix: pass image files or folders of images.")

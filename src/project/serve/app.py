@@ -1,0 +1,258 @@
+"""The HTTP routes: POST /predict, POST /reload, GET /health, /metadata and /metrics.
+
+A /predict request reads its body on the event loop (within the limits), decodes and
+preprocesses it in a thread pool (Pillow releases the GIL, so decoding overlaps with other
+requests and with the model), then waits for its place in a batch. Every refusal is a JSON
+`{"error": ...}` with a 4xx status; nothing a client sends stops the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, suppress
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from project.errors import UserError, user_message
+from project.serve import bodies
+from project.serve.batching import Batcher, Overloaded
+from project.serve.bodies import Limits, RequestError
+from project.serve.models import LoadedModel, ModelSlot
+from project.serve.sampler import Sampler
+
+log = logging.getLogger("uvicorn.error")
+# what signal handlers raise off the main thread (an embedding test client) or on Windows
+NO_SIGNALS = (ValueError, RuntimeError, NotImplementedError, AttributeError)
+
+
+@dataclass(frozen=True)
+class Settings:
+    top_k: int
+    max_batch_size: int
+    max_wait_ms: float
+    max_pending: int
+    decode_threads: int
+    limits: Limits
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One request's image, ready for a batch: the model it was preprocessed for travels with it."""
+
+    model: LoadedModel
+    array: np.ndarray  # uint8 [3, size, size]
+    width: int
+    height: int
+    image_format: str | None
+
+
+def run_batch(items: Sequence[Prepared]) -> list[tuple[np.ndarray, int]]:
+    """(probabilities, batch size) per item. Items preprocessed for an older model run on that model."""
+    results: list[tuple[np.ndarray, int]] = [(np.empty(0), 0)] * len(items)
+    groups: dict[int, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(id(item.model), []).append(i)
+    for indices in groups.values():
+        model = items[indices[0]].model
+        probabilities = model.classifier.probabilities(np.stack([items[i].array for i in indices]))
+        for i, p in zip(indices, probabilities, strict=True):
+            results[i] = (p, len(indices))
+    return results
+
+
+def prepare(data: bytes, model: LoadedModel, max_pixels: int) -> Prepared:
+    """Decode and preprocess exactly as `infer` does (runs in the decode pool)."""
+    image, image_format = bodies.decode(data, max_pixels)
+    return Prepared(model, model.classifier.preprocess(image), image.width, image.height, image_format)
+
+
+def parse_top_k(raw: str | None, default: int) -> int:
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise RequestError(400, f"top_k={raw!r} is not a whole number >= 1.", "pass e.g. /predict?top_k=3.")
+    return int(raw)
+
+
+def answer(model: LoadedModel, probabilities: np.ndarray, top_k: int, batch_size: int) -> dict:
+    names, probs = model.classifier.top(probabilities, top_k)
+    result = {
+        "version": model.version,
+        "predictions": [{"class_name": n, "probability": p} for n, p in zip(names, probs, strict=True)],
+        "batch_size": batch_size,
+    }
+    if model.classifier.multilabel:  # every label at or above the export's threshold, not only the top k
+        threshold = model.classifier.threshold
+        all_names = model.classifier.class_names
+        result["labels"] = [n for n, p in zip(all_names, probabilities, strict=True) if p >= threshold]
+    return result
+
+
+def metadata(model: LoadedModel, settings: Settings) -> dict:
+    classifier = model.classifier
+    return {
+        "version": model.version,
+        "model": str(model.path),
+        "loaded_at": model.loaded_at,
+        "class_names": classifier.class_names,
+        "image_size": classifier.size,
+        "task": "multilabel" if classifier.multilabel else "multiclass",
+        "input": "an image file (JPEG, PNG, BMP, GIF, TIFF, WebP, PPM): raw body or multipart field 'file'",
+        "batching": {"max_batch_size": settings.max_batch_size, "max_wait_ms": settings.max_wait_ms},
+        "limits": asdict(settings.limits),
+        "sidecar": classifier.meta,
+    }
+
+
+class StatusCounter:
+    """ASGI middleware counting responses by status, for /metrics (cheaper than a BaseHTTPMiddleware)."""
+
+    def __init__(self, app: ASGIApp, counts: Counter[int]) -> None:
+        self.app = app
+        self.counts = counts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.counts[message["status"]] += 1
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def create_app(
+    slot: ModelSlot, settings: Settings, sampler: Sampler | None = None, banner: str = ""
+) -> FastAPI:
+    """The service around `slot`; the batcher, thread pool and SIGHUP handler live as long as it runs."""
+    batcher: Batcher[Prepared, tuple[np.ndarray, int]] = Batcher(
+        run_batch, settings.max_batch_size, settings.max_wait_ms, settings.max_pending
+    )
+    decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
+    statuses: Counter[int] = Counter()
+    background: set[asyncio.Task] = set()
+
+    async def reload() -> dict:
+        before = slot.current.version
+        try:
+            old, new = await slot.reload()
+        except UserError as e:
+            message = f"Reload failed; still serving version {before}. {user_message(e)}"
+            log.error("%s", message)
+            raise RequestError(500, message) from e
+        log.info("Reloaded %s: version %s -> %s", slot.model, old.version, new.version)
+        return {
+            "version": new.version,
+            "previous_version": old.version,
+            "changed": new.version != old.version,
+        }
+
+    def on_sighup() -> None:
+        async def reload_logged() -> None:
+            with suppress(RequestError):  # reload() logged it; there is no client to answer
+                await reload()
+
+        task = asyncio.get_running_loop().create_task(reload_logged())
+        background.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(background.discard)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        loop = asyncio.get_running_loop()
+        with suppress(*NO_SIGNALS):
+            loop.add_signal_handler(signal.SIGHUP, on_sighup)
+        if banner:
+            print(banner, flush=True)
+        try:
+            yield
+        finally:
+            with suppress(*NO_SIGNALS):
+                loop.remove_signal_handler(signal.SIGHUP)
+            await batcher.stop()
+            decode_pool.shutdown(wait=True)
+            if sampler is not None:
+                await asyncio.to_thread(sampler.close)
+
+    app = FastAPI(title="Image classification service", lifespan=lifespan)
+    app.add_middleware(StatusCounter, counts=statuses)
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, e: RequestError) -> JSONResponse:
+        return error(e.status, str(e), {"Retry-After": "1"} if e.status == 503 else None)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        return error(e.status_code, str(e.detail), e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        return error(422, str(e.errors()))
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, e: Exception) -> JSONResponse:
+        return error(500, f"Internal error ({type(e).__name__}); the service goes on. See the server log.")
+
+    @app.post("/predict")
+    async def predict(request: Request) -> JSONResponse:
+        top_k = parse_top_k(request.query_params.get("top_k"), settings.top_k)
+        loop = asyncio.get_running_loop()
+        with batcher.arriving():
+            data = await bodies.image_bytes(request, settings.limits)
+            args = (data, slot.current, settings.limits.max_pixels)
+            prepared = await loop.run_in_executor(decode_pool, prepare, *args)
+        try:
+            probabilities, batch_size = await batcher.submit(prepared)
+        except Overloaded as e:
+            raise RequestError(503, f"The service is overloaded: {e}.", "retry after a second.") from None
+        result = answer(prepared.model, probabilities, top_k, batch_size)
+        if sampler is not None:
+            record = {"width": prepared.width, "height": prepared.height, **result}
+            sampler.offer(data, prepared.image_format, record)
+        return JSONResponse(result)
+
+    @app.post("/reload")
+    async def reload_route() -> dict:
+        return await reload()
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "version": slot.current.version}
+
+    @app.get("/metadata")
+    async def metadata_route() -> dict:
+        return metadata(slot.current, settings)
+
+    @app.get("/metrics")
+    async def metrics() -> dict:
+        sizes = batcher.batch_sizes
+        return {
+            "version": slot.current.version,
+            "responses_by_status": {str(k): v for k, v in sorted(statuses.items())},
+            "batches": sum(sizes.values()),
+            "batched_images": sum(size * n for size, n in sizes.items()),
+            "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
+            "pending": batcher.pending,
+            "reloads": slot.reloads,
+            "failed_reloads": slot.failed_reloads,
+            "sampler": sampler.stats() if sampler is not None else None,
+        }
+
+    return app

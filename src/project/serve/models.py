@@ -1,0 +1,79 @@
+"""The model a service answers with, and swapping it for a new export without stopping.
+
+`--model` may be a link such as `checkpoints/<run>/latest.onnx`: every (re)load resolves it to
+the export it points at and reads that export's own sidecar (`<stem>.json`, not `latest.json`),
+so a reload that falls between export repointing `latest.onnx` and `latest.json` still pairs a
+model with its own class names. The version is the resolved file's stem: unique per export (it
+carries the run, the score and the export time) and what `ls -l latest.onnx` shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from project.errors import UserError
+from project.infer import Classifier
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    classifier: Classifier
+    version: str
+    path: Path  # the resolved .onnx
+    loaded_at: str
+
+
+def load_model(model: Path, threads: int | None = None) -> LoadedModel:
+    """Load and warm up the export `model` points at; UserError naming the file when it cannot."""
+    resolved = model.resolve()
+    if not resolved.is_file():
+        what = f"links to '{resolved}', which" if model.is_symlink() else ""
+        raise UserError(
+            f"Model '{model}' {what} does not exist.".replace("  ", " "),
+            "pass --model PATH to an .onnx written by `python -m project export`, or point the link at one.",
+        )
+    classifier = Classifier(resolved, threads)
+    files = classifier.meta.get("files")
+    named = files.get("onnx") if isinstance(files, dict) else None
+    if named is not None and named != resolved.name:
+        raise UserError(
+            f"Sidecar '{resolved.with_suffix('.json')}' describes '{named}', not '{resolved.name}'.",
+            "keep each export's .onnx and .json together under the names export gave them.",
+        )
+    # the first run allocates and plans; pay for it here, not in the first request after a swap
+    size = classifier.size
+    classifier.probabilities(np.zeros((1, 3, size, size), dtype=np.uint8))
+    return LoadedModel(classifier, resolved.stem, resolved, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+class ModelSlot:
+    """The model new requests get; `reload()` loads the next one beside it, then swaps the reference.
+
+    Requests already preprocessed for the old model keep their reference to it and finish on it;
+    it is freed when the last of them is answered.
+    """
+
+    def __init__(self, model: Path, threads: int | None = None) -> None:
+        self.model = model
+        self.threads = threads
+        self.current = load_model(model, threads)
+        self.reloads = 0
+        self.failed_reloads = 0
+        self._lock = asyncio.Lock()  # two reloads at once would load the same file twice
+
+    async def reload(self) -> tuple[LoadedModel, LoadedModel]:
+        """(old, new) after loading `model` again; on UserError the current model stays."""
+        async with self._lock:
+            try:  # in a thread: requests go on being answered by the current model meanwhile
+                new = await asyncio.to_thread(load_model, self.model, self.threads)
+            except UserError:
+                self.failed_reloads += 1
+                raise
+            old, self.current = self.current, new
+            self.reloads += 1
+            return old, new

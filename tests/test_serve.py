@@ -1,0 +1,500 @@
+"""The prediction service: the real server in a subprocess on a free loopback port, and its parts.
+
+The served models are tiny hand-built ONNX graphs with the export contract (uint8 images [N, 3, H, W]
+in, logits out, a sidecar beside them): mean colour -> linear layer, so that answers differ per
+image and build in milliseconds instead of a torch export's half minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import io
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from PIL import Image
+
+from project.infer import Classifier
+from project.serve.app import Prepared, run_batch
+from project.serve.batching import Batcher
+from project.serve.command import main as serve_main
+
+CLASSES = ["red", "green", "blue", "dark"]
+SRC = str(Path(__file__).parents[1] / "src")  # the code under test, also where it is not installed
+SIZE = 16
+# runs `python -m project serve ARGS` and reports at exit whether torch or lightning got imported
+PROBE = (
+    "import atexit, runpy, sys; "
+    "atexit.register(lambda: print('imported torch:', bool({'torch', 'lightning'} & set(sys.modules)))); "
+    "sys.argv = ['project', 'serve'] + sys.argv[1:]; runpy.run_module('project', run_name='__main__')"
+)
+
+
+def tiny_export(folder: Path, stem: str, seed: int) -> Path:
+    """`<stem>.onnx` + `<stem>.json` as export writes them: mean colour -> logits of CLASSES."""
+    weights = np.eye(3, len(CLASSES), dtype=np.float32) * 0.05
+    weights[:, 3] = -0.05  # "dark": high when every channel is low
+    weights += np.random.default_rng(seed).normal(0, 0.01, weights.shape).astype(np.float32)
+    bias = np.array([0, 0, 0, 6], dtype=np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["images"], ["x"], to=TensorProto.FLOAT),
+            helper.make_node("ReduceMean", ["x", "axes"], ["mean"], keepdims=0),
+            helper.make_node("MatMul", ["mean", "w"], ["wx"]),
+            helper.make_node("Add", ["wx", "b"], ["logits"]),
+        ],
+        "tiny",
+        [helper.make_tensor_value_info("images", TensorProto.UINT8, ["N", 3, SIZE, SIZE])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", len(CLASSES)])],
+        [
+            numpy_helper.from_array(np.array([2, 3], dtype=np.int64), "axes"),
+            numpy_helper.from_array(weights, "w"),
+            numpy_helper.from_array(bias, "b"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9  # readable by older onnxruntime releases too
+    onnx.save(model, folder / f"{stem}.onnx")
+    sidecar = {
+        "class_names": CLASSES,
+        "image_size": SIZE,
+        "task": "multiclass",
+        "preprocessing": {"crop_ratio": 0.875},
+        "files": {"onnx": f"{stem}.onnx"},
+    }
+    (folder / f"{stem}.json").write_text(json.dumps(sidecar))
+    return folder / f"{stem}.onnx"
+
+
+def point_latest(folder: Path, stem: str) -> None:
+    """Repoint latest.onnx/.json as export does (export.point), without importing torch here."""
+    for ext in ("onnx", "json"):
+        staging = folder / f".latest.{ext}.new"
+        staging.unlink(missing_ok=True)
+        staging.symlink_to(f"{stem}.{ext}")
+        os.replace(staging, folder / f"latest.{ext}")
+
+
+def encode(img: Image.Image, fmt: str = "JPEG", **options: object) -> bytes:
+    buffer = io.BytesIO()
+    img.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A valid PNG start claiming width x height, with 64 bytes of pixel data behind it."""
+    ihdr = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + ihdr + chunk(b"IDAT", zlib.compress(bytes(64))) + chunk(b"IEND", b"")
+
+
+def jpeg_header(width: int, height: int) -> bytes:
+    """A JPEG start-of-frame claiming width x height, a scan header and 16 bytes of data."""
+    frame = b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, height, width, 1) + b"\x01\x11\x00"
+    scan = b"\xff\xda" + struct.pack(">HB", 8, 1) + b"\x01\x00\x00\x3f\x00"
+    return b"\xff\xd8" + frame + scan + bytes(16) + b"\xff\xd9"
+
+
+def multipart(fields: list[tuple[str, str | None, bytes]], boundary: str = "b0undary") -> tuple[bytes, str]:
+    parts = []
+    for name, filename, data in fields:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        parts.append(f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + data + b"\r\n")
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+@pytest.fixture(scope="module")
+def image_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Files of several formats, sizes and colours: one per class and format, and mixtures."""
+    rng = np.random.default_rng(0)
+    files = {}
+    colours = {"red": (220, 30, 20), "green": (20, 210, 40), "blue": (30, 20, 230), "dark": (5, 5, 5)}
+    for i, (name, colour) in enumerate(colours.items()):
+        noise = rng.integers(-20, 20, (30 + 7 * i, 50, 3))
+        pixels = np.clip(np.array(colour) + noise, 0, 255).astype(np.uint8)
+        files[f"{name}.jpg"] = encode(Image.fromarray(pixels), "JPEG", quality=90)
+        files[f"{name}.png"] = encode(Image.fromarray(pixels).resize((23, 61)), "PNG")
+    mixed = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
+    files["mixed.webp"] = encode(Image.fromarray(mixed), "WEBP")
+    files["gray.bmp"] = encode(Image.fromarray(mixed[..., 0]), "BMP")
+    folder = tmp_path_factory.mktemp("images")
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def images(image_dir: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(image_dir.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("exports")
+    tiny_export(folder, "run-a", seed=0)
+    tiny_export(folder, "run-b", seed=1)
+    point_latest(folder, "run-a")
+    return folder
+
+
+class Server:
+    """`python -m project serve` in a subprocess, on a free loopback port, its output in a file."""
+
+    def __init__(self, model: Path, *flags: str, log: Path) -> None:
+        self.log_path = log
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", PROBE, "--model", str(model), "--port", "0", *flags],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])},
+            )
+        self.port = self._wait_for_port(deadline=time.monotonic() + 30)
+        while request(self.port, "GET", "/health")[0] != 200:
+            time.sleep(0.05)
+
+    def _wait_for_port(self, deadline: float) -> int:
+        while time.monotonic() < deadline:
+            for line in self.log().splitlines():
+                if line.startswith("Serving ") and "http://127.0.0.1:" in line:
+                    return int(line.split("http://127.0.0.1:")[1].split(" ")[0])
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.process.kill()
+        raise AssertionError(f"the server did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 15) -> int:
+        """SIGTERM, then the exit status (killed and failed if it takes longer than `timeout`)."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise AssertionError(f"no exit within {timeout} s of SIGTERM:\n{self.log()}") from None
+
+
+def request(
+    port: int, method: str, path: str, body: bytes = b"", headers: dict | None = None, timeout: float = 10
+) -> tuple[int, dict]:
+    """(status, JSON answer) of one request on a new connection; (0, {}) when nothing answers."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    except (ConnectionError, OSError):
+        return 0, {}
+    finally:
+        connection.close()
+
+
+def predict(port: int, data: bytes, content_type: str = "image/jpeg", query: str = "") -> tuple[int, dict]:
+    return request(port, "POST", f"/predict{query}", data, {"Content-Type": content_type})
+
+
+@pytest.fixture(scope="module")
+def server(exports: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Batches of up to 8 waiting 100 ms to fill, small limits so that the refusals are cheap to reach."""
+    flags = ["--max_batch_size", "8", "--max_wait_ms", "100", "--max_body_mb", "0.25"]
+    flags += ["--max_pixels", "1000000", "--read_timeout", "1"]
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    served = Server(exports / "latest.onnx", *flags, log=log)
+    yield served
+    served.stop()
+
+
+def test_answers_match_infer_for_the_same_files(server: Server, image_dir: Path, exports: Path) -> None:
+    files = sorted(image_dir.iterdir())
+    inferred = Classifier(exports / "latest.onnx").classify(files, top_k=4)  # what `infer` prints
+    for path, names, probs in inferred:
+        status, answer = predict(server.port, path.read_bytes(), "application/octet-stream")
+        assert status == 200, answer
+        assert answer["version"] == "run-a"
+        assert [p["class_name"] for p in answer["predictions"]] == names, path.name
+        assert [p["probability"] for p in answer["predictions"]] == pytest.approx(probs, abs=1e-6)
+        if path.stem in CLASSES:  # the images tell the classes apart
+            assert names[0] == path.stem
+
+
+def test_multipart_and_top_k(server: Server, images: dict[str, bytes]) -> None:
+    body, content_type = multipart([("note", None, b"hello"), ("file", "x.png", images["blue.png"])])
+    status, answer = predict(server.port, body, content_type, "?top_k=2")
+    assert status == 200 and [p["class_name"] for p in answer["predictions"]][:1] == ["blue"]
+    assert len(answer["predictions"]) == 2
+
+
+def test_concurrent_requests_share_batches(server: Server, images: dict[str, bytes]) -> None:
+    before = request(server.port, "GET", "/metrics")[1]
+    data = list(images.values()) * 3
+    with ThreadPoolExecutor(len(data)) as pool:
+        answers = list(pool.map(lambda d: predict(server.port, d), data))
+    assert all(status == 200 for status, _ in answers)
+    sizes = [answer["batch_size"] for _, answer in answers]
+    assert max(sizes) > 1 and max(sizes) <= 8
+    after = request(server.port, "GET", "/metrics")[1]
+    assert after["batched_images"] - before["batched_images"] == len(data)
+    assert after["batches"] - before["batches"] < len(data)
+
+
+def test_health_and_metadata(server: Server) -> None:
+    assert request(server.port, "GET", "/health") == (200, {"status": "ok", "version": "run-a"})
+    status, meta = request(server.port, "GET", "/metadata")
+    assert status == 200 and meta["class_names"] == CLASSES and meta["image_size"] == SIZE
+    assert meta["version"] == "run-a" and meta["model"].endswith("run-a.onnx")
+    assert meta["sidecar"]["files"] == {"onnx": "run-a.onnx"}
+    assert meta["batching"] == {"max_batch_size": 8, "max_wait_ms": 100.0}
+
+
+def bad_requests(images: dict[str, bytes]) -> dict[str, tuple[int, bytes, str, str]]:
+    """name -> (expected status, body, content type, query)."""
+    jpeg, png = images["red.jpg"], images["red.png"]
+    good_multipart = multipart([("file", "a.jpg", jpeg)])
+    return {
+        "empty body": (400, b"", "image/jpeg", ""),
+        "text": (415, b"hello, world", "text/plain", ""),
+        "json content type": (415, jpeg, "application/json", ""),
+        "random bytes": (415, bytes(range(256)) * 4, "image/jpeg", ""),
+        "truncated jpeg": (400, jpeg[: len(jpeg) // 2], "image/jpeg", ""),
+        "truncated png": (400, png[: len(png) // 2], "image/png", ""),
+        "png claiming 2.5 gigapixels": (413, png_header(50_000, 50_000), "image/png", ""),
+        "jpeg over --max_pixels": (413, jpeg_header(2000, 2000), "image/jpeg", ""),
+        "png header, no pixels": (400, png_header(64, 64), "image/png", ""),
+        "oversize body": (413, jpeg + bytes(300_000), "image/jpeg", ""),
+        "multipart without boundary": (400, good_multipart[0], "multipart/form-data", ""),
+        "multipart without file": (400, *multipart([("note", None, b"hi")]), ""),
+        "multipart garbage": (400, b"--b0undary\r\nnonsense", good_multipart[1], ""),
+        "bad top_k": (400, jpeg, "image/jpeg", "?top_k=zero"),
+    }
+
+
+def test_bad_requests_get_their_status_and_a_json_error(server: Server, images: dict[str, bytes]) -> None:
+    for case, (expected, body, content_type, query) in bad_requests(images).items():
+        status, answer = predict(server.port, body, content_type, query)
+        assert status == expected, (case, answer)
+        assert "Fix:" in answer["error"], case
+    assert predict(server.port, images["red.jpg"])[0] == 200
+
+
+def test_a_body_that_never_arrives_times_out(server: Server) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    connection.putrequest("POST", "/predict")
+    connection.putheader("Content-Type", "image/jpeg")
+    connection.putheader("Content-Length", "5000")
+    connection.endheaders(b"\xff\xd8\xff")  # 3 of the 5,000 bytes, then silence
+    started = time.monotonic()
+    response = connection.getresponse()
+    assert response.status == 408 and time.monotonic() - started < 5
+    assert "did not arrive within 1 s" in json.loads(response.read())["error"]
+    connection.close()
+    with socket.create_connection(("127.0.0.1", server.port)) as gone:  # leaves halfway through
+        gone.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n\xff\xd8")
+    time.sleep(0.2)
+    assert request(server.port, "GET", "/health")[0] == 200
+    assert "Traceback" not in server.log()
+
+
+def test_fuzz_malformed_requests_then_a_good_one(server: Server, images: dict[str, bytes]) -> None:
+    rng = np.random.default_rng(1)
+    cases = list(bad_requests(images).values())
+    sources = [images["red.jpg"], images["green.png"], images["mixed.webp"], images["gray.bmp"]]
+    seen: set[int] = set()
+    for i in range(240):
+        kind = i % 4
+        if kind == 0:  # random bytes, random type
+            body = rng.integers(0, 256, int(rng.integers(0, 3000)), dtype=np.uint8).tobytes()
+            content_type = str(rng.choice(["image/jpeg", "application/octet-stream", "image/png", ""]))
+        elif kind == 1:  # a real file cut short (the last 32 bytes of a PNG are only its end markers)
+            source = sources[int(rng.integers(len(sources)))]
+            body, content_type = source[: int(rng.integers(0, len(source) - 32))], "image/jpeg"
+        elif kind == 2:  # a real file whose first bytes (the format's signature) are changed
+            source = bytearray(sources[int(rng.integers(len(sources)))])
+            for j in range(int(rng.integers(1, 16))):
+                source[j] ^= int(rng.integers(1, 256))
+            body, content_type = bytes(source), "application/octet-stream"
+        else:  # the hand-made bad requests, replayed
+            _, body, content_type, query = cases[int(rng.integers(len(cases)))]
+        status, answer = predict(server.port, body, content_type, query if kind == 3 else "")
+        seen.add(status)
+        assert status in (400, 413, 415) and "error" in answer, (i, status, body[:40])
+    assert seen == {400, 413, 415}
+    status, answer = predict(server.port, images["green.jpg"])
+    assert status == 200 and answer["predictions"][0]["class_name"] == "green"
+    assert server.process.poll() is None
+
+
+def test_errors_are_json_for_unknown_routes_and_methods(server: Server) -> None:
+    assert request(server.port, "GET", "/nope") == (404, {"error": "Not Found"})
+    assert request(server.port, "GET", "/predict") == (405, {"error": "Method Not Allowed"})
+
+
+def test_reload_swaps_the_model_and_a_failed_reload_keeps_it(
+    exports: Path, images: dict[str, bytes], tmp_path: Path
+) -> None:
+    for stem in ("run-a", "run-b"):
+        for ext in ("onnx", "json"):
+            (tmp_path / f"{stem}.{ext}").write_bytes((exports / f"{stem}.{ext}").read_bytes())
+    point_latest(tmp_path, "run-a")
+    served = Server(tmp_path / "latest.onnx", log=tmp_path / "server.log")
+    try:
+        assert predict(served.port, images["red.jpg"])[1]["version"] == "run-a"
+        point_latest(tmp_path, "run-b")
+        status, answer = request(served.port, "POST", "/reload")
+        assert (status, answer) == (200, {"version": "run-b", "previous_version": "run-a", "changed": True})
+        assert predict(served.port, images["red.jpg"])[1]["version"] == "run-b"
+
+        point_latest(tmp_path, "run-a")  # SIGHUP does the same
+        served.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while request(served.port, "GET", "/health")[1]["version"] != "run-a":
+            assert time.monotonic() < deadline, served.log()
+            time.sleep(0.05)
+
+        (tmp_path / "broken.onnx").write_bytes(b"not a model")
+        (tmp_path / "broken.json").write_bytes((tmp_path / "run-b.json").read_bytes())
+        point_latest(tmp_path, "broken")
+        status, answer = request(served.port, "POST", "/reload")
+        assert status == 500 and "still serving version run-a" in answer["error"]
+        assert "broken.onnx" in answer["error"] and "Fix:" in answer["error"]
+        point_latest(tmp_path, "gone")
+        status, answer = request(served.port, "POST", "/reload")
+        assert status == 500 and "links to" in answer["error"]
+        assert "gone.onnx', which does not exist" in answer["error"]
+        status, answer = predict(served.port, images["red.jpg"])
+        assert status == 200 and answer["version"] == "run-a"
+        metrics = request(served.port, "GET", "/metrics")[1]
+        assert (metrics["reloads"], metrics["failed_reloads"]) == (2, 2)
+    finally:
+        assert served.stop() == 0
+
+
+def test_sampler_keeps_requests_within_its_bound(
+    exports: Path, images: dict[str, bytes], tmp_path: Path
+) -> None:
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    (samples / "notes.txt").write_text("not a sample: never deleted")
+    flags = ["--sample_fraction", "1", "--sample_dir", str(samples), "--sample_max_mb", "0.01"]
+    served = Server(exports / "latest.onnx", *flags, log=tmp_path / "server.log")
+    try:
+        order = ["red.jpg", "green.png", "blue.jpg", "dark.png"] * 4
+        for name in order:
+            assert predict(served.port, images[name])[0] == 200
+        deadline = time.monotonic() + 10
+        while (stats := request(served.port, "GET", "/metrics")[1]["sampler"])["written"] < len(order):
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.05)
+    finally:
+        assert served.stop() == 0
+    assert stats["deleted_oldest"] > 0 and stats["bytes"] <= 0.01 * 2**20
+    records = sorted(samples.glob("*.json"))
+    assert 0 < len(records) < len(order)
+    size = sum(p.stat().st_size for p in samples.iterdir() if p.name != "notes.txt")
+    assert size == stats["bytes"] and (samples / "notes.txt").exists()
+    last = json.loads(records[-1].read_text())
+    assert last["version"] == "run-a" and last["predictions"][0]["class_name"] == "dark"
+    assert (samples / last["image"]).read_bytes() == images["dark.png"]
+    assert last["image"].endswith(".png") and last["time"].endswith("+00:00")
+
+
+def test_sigterm_stops_cleanly_and_torch_is_never_imported(
+    exports: Path, images: dict[str, bytes], tmp_path: Path
+) -> None:
+    served = Server(exports / "latest.onnx", log=tmp_path / "server.log")
+    assert predict(served.port, images["red.jpg"])[0] == 200
+    assert request(served.port, "POST", "/reload")[0] == 200
+    started = time.monotonic()
+    assert served.stop(timeout=10) == 0
+    assert time.monotonic() - started < 10
+    assert "imported torch: False" in served.log()
+
+
+def test_startup_errors_are_one_message(exports: Path, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"error: Model '.*nope.onnx' does not exist. Fix: pass --model"):
+        serve_main(["--model", str(tmp_path / "nope.onnx")])
+    (tmp_path / "alone.onnx").write_bytes((exports / "run-a.onnx").read_bytes())
+    with pytest.raises(SystemExit, match=r"error: Need the model and its sidecar: .*'.*alone.json'"):
+        serve_main(["--model", str(tmp_path / "alone.onnx")])
+    with pytest.raises(SystemExit, match=r"--max_batch_size=0 is out of range: it must be an integer >= 1"):
+        serve_main(["--model", str(exports / "latest.onnx"), "--max_batch_size", "0"])
+    with pytest.raises(SystemExit, match=r"--sample_fraction is set but --sample_dir is not"):
+        serve_main(["--model", str(exports / "latest.onnx"), "--sample_fraction", "0.1"])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match=r"Cannot keep samples in --sample_dir '.*file/samples'"):
+        serve_main(["--model", str(exports / "latest.onnx"), "--sample_fraction", "0.1", "--sample_dir",
+                    str(tmp_path / "file" / "samples")])  # fmt: skip
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        with pytest.raises(
+            SystemExit, match=rf"error: Cannot listen on 127.0.0.1:{port}: .*Fix: pass another"
+        ):
+            serve_main(["--model", str(exports / "latest.onnx"), "--port", port])
+
+
+def test_batcher_fills_batches_up_to_the_size_and_waits_only_for_announced_items() -> None:
+    calls: list[int] = []
+
+    def run(items: list[int]) -> list[int]:
+        calls.append(len(items))
+        return [10 * i for i in items]
+
+    async def announced(batcher: Batcher[int, int], item: int) -> int:
+        with batcher.arriving():  # as a request does while it is read and decoded
+            await asyncio.sleep(0.05)
+        return await batcher.submit(item)
+
+    async def scenario() -> list[list[int]]:
+        batcher: Batcher[int, int] = Batcher(run, max_batch_size=4, max_wait_ms=2000, max_pending=100)
+        batcher.start()
+        steps = []
+        assert await asyncio.gather(*(batcher.submit(i) for i in range(10))) == [10 * i for i in range(10)]
+        steps.append(calls[:])  # 4 + 4 + 2: the last two do not wait, nothing else is on its way
+        calls.clear()
+        started = time.monotonic()
+        assert await asyncio.gather(batcher.submit(1), announced(batcher, 2)) == [10, 20]
+        steps.append([*calls, time.monotonic() - started < 1])  # one batch: it waited for the second
+        calls.clear()
+        started = time.monotonic()
+        await batcher.submit(3)
+        steps.append([*calls, time.monotonic() - started < 1])  # alone: no wait for max_wait_ms
+        await batcher.stop()
+        return steps
+
+    assert asyncio.run(scenario()) == [[4, 4, 2], [2, True], [1, True]]
+
+
+def test_a_batch_that_spans_a_reload_runs_each_request_on_its_own_model(exports: Path) -> None:
+    from project.serve.models import load_model
+
+    old, new = load_model(exports / "run-a.onnx"), load_model(exports / "run-b.onnx")
+    arrays = np.random.default_rng(0).integers(0, 256, (3, 3, SIZE, SIZE), dtype=np.uint8)
+    items = [Prepared(old, arrays[0], 1, 1, None), Prepared(new, arrays[1], 1, 1, None)]
+    items.append(Prepared(old, arrays[2], 1, 1, None))
+    results = run_batch(items)
+    assert [size for _, size in results] == [2, 1, 2]
+    expected_old = old.classifier.probabilities(arrays[[0, 2]])
+    np.testing.assert_allclose(results[0][0], expected_old[0], rtol=1e-6)
+    np.testing.assert_allclose(results[1][0], new.classifier.probabilities(arrays[[1]])[0], rtol=1e-6)
