@@ -18,11 +18,11 @@ import time
 
 COMMANDS = {
     "import lightning": ["-c", "import lightning"],
-    "project --help": ["-m", "project", "--help"],
-    "project fit --help": ["-m", "project", "fit", "--help"],
-    "project infer --help": ["-m", "project", "infer", "--help"],
-    "project report --help": ["-m", "project", "report", "--help"],
-    "project new --help": ["-m", "project", "new", "--help"],
+    "--help": ["-m", "project", "--help"],
+    "fit --help": ["-m", "project", "fit", "--help"],
+    "infer --help": ["-m", "project", "infer", "--help"],
+    "report --help": ["-m", "project", "report", "--help"],
+    "new --help": ["-m", "project", "new", "--help"],
 }
 
 
