@@ -1,30 +1,32 @@
-"""`python -m project ...`: dispatch only. infer, serve, report, new, doctor skip LightningCLI: go first."""
+"""The one entry point, of `python -m project ...` and of the installed `project` script: dispatch only.
+
+infer, serve, report, new and doctor skip LightningCLI (and most of them torch): they go first.
+"""
+
+from __future__ import annotations
 
 import sys
+from importlib import import_module
+
+# command -> module whose main(argv) runs it; everything else is a LightningCLI subcommand (project.cli)
+COMMANDS = {
+    "infer": "project.infer",
+    "serve": "project.serve.command",
+    "report": "project.report",
+    "doctor": "project.doctor",
+    "new": "project.new",
+}
+
+
+def main() -> None:
+    command = sys.argv[1] if len(sys.argv) > 1 else None
+    if command in COMMANDS:
+        import_module(COMMANDS[command]).main(sys.argv[2:])
+    else:
+        from project.cli import main as cli_main
+
+        cli_main()
+
 
 if __name__ == "__main__":
-    command = sys.argv[1:2]
-    if command == ["infer"]:
-        from project.infer import main
-
-        main(sys.argv[2:])
-    elif command == ["serve"]:
-        from project.serve.command import main
-
-        main(sys.argv[2:])
-    elif command == ["report"]:
-        from project.report import main
-
-        main(sys.argv[2:])
-    elif command == ["doctor"]:
-        from project.doctor import main
-
-        main(sys.argv[2:])
-    elif command == ["new"]:
-        from project.new import main
-
-        main(sys.argv[2:])
-    else:
-        from project.cli import main
-
-        main()
+    main()

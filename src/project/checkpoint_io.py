@@ -50,6 +50,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        # Lightning calls this without map_location: tensors then load onto the CPU (as in Lightning's
+        # own TorchCheckpointIO), never onto the device that wrote them, which this machine may lack;
+        # the strategy moves the restored model where it runs
+        map_location = "cpu" if map_location is None else map_location
         if not _is_local_file_protocol(path):
             return super().load_checkpoint(path, map_location, weights_only=True)
         if not Path(path).is_file():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,19 +27,17 @@ from project.callbacks import (
     TrainingImages,
 )
 from project.callbacks.save_config import AtomicSaveConfig
-from project.checkpoint_io import load_checkpoint_file
+from project.checkpoint_values import checkpoint_layer
 from project.config_checks import check_cli_config
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError, user_message
 from project.model import ImageClassifier
-from project.runs import CHECKPOINTS, eval_run_name, fit_run_name
+from project.runs import CHECKPOINTS, eval_run_name, fit_run_name, newest_run
 from project.trainer import Trainer
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
-
-
-# Subcommands that read the model's classes and image size from --ckpt_path, not from a data folder.
-CHECKPOINT_ONLY = ("predict", "export")
+# Subcommands that evaluate a trained model: its classes, image size and data settings come from
+# --ckpt_path (project.checkpoint_values), flags override them; the data's classes are checked against it.
+CHECKPOINT_ONLY = ("validate", "test", "predict", "export")
 # Subcommands that only look at the configured model and data: no checkpoint, no run folder.
 DRY = ("memory",)
 
@@ -83,14 +81,27 @@ class ProjectCLI(LightningCLI):
         return super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str] | None) -> None:
-        self.config = parser.parse_args(with_default_config(sys.argv[1:] if args is None else args))
+        """default.yaml, then the checkpoint's own settings (validated), then the user's configs and flags."""
+        args = sys.argv[1:] if args is None else args
+        # a first pass finds --ckpt_path; --print_config would print (and exit) before the layer is in
+        plain = [a for a in args if not a.startswith("--print_config")]
+        self.config = parser.parse_args(with_default_config(plain))
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if subcommand != "fit" and ckpt_path == "last":
+            ckpt_path = str(last_checkpoint(self.config[subcommand].get("name")))
+        layers = [json.dumps(checkpoint_layer(ckpt_path, subcommand))] if is_file(ckpt_path) else []
+        if layers or plain != args:
+            self.config = parser.parse_args(with_default_config(args, *layers))
+        if ckpt_path:
+            self.config[subcommand].ckpt_path = ckpt_path
 
     def _parse_ckpt_path(self) -> None:
-        try:  # LightningCLI reads the checkpoint's hyper-parameters, weights-only, before anything else
-            super()._parse_ckpt_path()
-        except pickle.UnpicklingError:
-            load_checkpoint_file(self.config[self.config.subcommand].ckpt_path)  # raises the one-line error
-            raise
+        """Nothing: parse_arguments already took the checkpoint's settings, as data, below the user's flags.
+
+        (LightningCLI's own version, private API checked against lightning 2.6, merges the checkpoint's
+        hyper-parameters unchecked and over the command line: a `class_path` there would be imported.)
+        """
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
@@ -161,14 +172,46 @@ class ProjectCLI(LightningCLI):
             logger.init_args.version = ""
 
 
-def with_default_config(args: list[str]) -> list[str]:
-    """Put `--config configs/default.yaml` first after the subcommand, so every other config overrides it.
+def is_file(path: str | None) -> bool:
+    return path is not None and Path(path).is_file()
+
+
+def last_checkpoint(name: str | None) -> Path:
+    """`--ckpt_path last` outside fit: the last checkpoint of run --name, or of the newest run."""
+    name = name or newest_run()
+    found = sorted((CHECKPOINTS / name).glob("last*.ckpt"))
+    if not found:
+        raise UserError(
+            f"--ckpt_path last: run '{name}' has no last checkpoint in '{CHECKPOINTS / name}'.",
+            "check --name (runs are the folders in checkpoints/), or pass --ckpt_path PATH to a .ckpt file.",
+        )
+    return found[0]
+
+
+def config_folder() -> Path:
+    """configs/: inside the installed package, or beside src/ in a checkout (and an editable install)."""
+    here = Path(__file__).resolve().parent
+    for folder in (here / "configs", here.parents[1] / "configs"):
+        if (folder / "default.yaml").is_file():
+            return folder
+    raise UserError(
+        f"configs/default.yaml was not found in '{here}' (installed package) nor in "
+        f"'{here.parents[1]}' (source checkout): without it every option would silently take another "
+        "default.",
+        "reinstall the package (`pip install .` from a checkout ships the configs) or run from the checkout.",
+    )
+
+
+def with_default_config(args: list[str], *layers: str) -> list[str]:
+    """Put `--config configs/default.yaml` (then each layer) first after the subcommand, so every
+    config and flag the user gives overrides them.
 
     (A `--config` rather than jsonargparse's default_config_files: those drop the class_path of
     optimizer and scheduler callables in jsonargparse 4.53.)
     """
-    if args and args[0] in ProjectCLI.subcommands() and DEFAULT_CONFIG.is_file():
-        return [args[0], "--config", str(DEFAULT_CONFIG), *args[1:]]
+    if args and args[0] in ProjectCLI.subcommands():
+        configs = [str(config_folder() / "default.yaml"), *layers]
+        return [args[0], *(item for config in configs for item in ("--config", config)), *args[1:]]
     return list(args)
 
 
