@@ -40,7 +40,7 @@ class PredictionWriter(BasePredictionWriter):
         if not trainer.is_global_zero:
             return
         self.output.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self._partial, "w", newline="", encoding="utf-8")  # noqa: SIM115 (closed at the end)
+        self._file = prediction_csv.open_csv(self._partial)
         self._writer = csv.writer(self._file)
         if _multilabel(pl_module):
             self._writer.writerow(prediction_csv.multilabel_header(_names(pl_module)))
