@@ -120,6 +120,8 @@ def _gather(trainer: L.Trainer, pl_module: L.LightningModule, local: torch.Tenso
     if trainer.world_size == 1:
         return local
     counts = pl_module.all_gather(torch.tensor(len(local), device=pl_module.device)).flatten().tolist()
+    if max(counts) == 0:  # nothing predicted anywhere (every file bad)
+        return local
     padded = torch.zeros((max(counts), *local.shape[1:]), dtype=local.dtype, device=pl_module.device)
     padded[: len(local)] = local  # all_gather needs the same shape everywhere
     gathered = pl_module.all_gather(padded).cpu()
