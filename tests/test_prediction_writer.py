@@ -9,12 +9,13 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
 from project.callbacks.prediction_writer import PredictionWriter
-from project.data.dataset import FileDataset
+from project.data.dataset import FileDataset, collate_skipping_none
 from tests.conftest import tiny_trainer
 
 COLOURS = {"red": (230, 20, 20), "green": (20, 230, 20), "blue": (20, 20, 230)}
@@ -61,3 +62,19 @@ def test_a_name_that_is_not_utf8_is_written_with_its_bytes(tmp_path: Path) -> No
     assert [r["file"] for r in rows] == [os.fsdecode(b"caf\xe9.png"), "plain.png"]
     assert output.read_bytes().splitlines()[1].startswith(b"caf\xe9.png,red,")
     assert not list(tmp_path.glob(".p.csv*"))
+
+
+def test_an_image_refused_by_decoding_is_skipped_and_the_others_written(tmp_path: Path) -> None:
+    for name, rgb in (("a.png", COLOURS["red"]), ("c.png", COLOURS["blue"])):
+        Image.fromarray(np.full((8, 8, 3), rgb, dtype=np.uint8)).save(tmp_path / name)
+    Image.new("L", (1, 1_000_000)).save(tmp_path / "b-line.png")  # 2 kB; 7 GB once resized
+    files = [tmp_path / "a.png", tmp_path / "b-line.png", tmp_path / "c.png"]
+    dataset = FileDataset(files, lambda image: image[:, :8, :8], skip_bad_images=True, root=tmp_path)
+    loader = DataLoader(dataset, batch_size=2, collate_fn=collate_skipping_none)
+    with pytest.warns(UserWarning, match=r"b-line.png': it is 1x1000000 pixels, an aspect ratio beyond"):
+        tiny_trainer(PredictionWriter(str(tmp_path / "p.csv"))).predict(MeanColour(), loader)
+    with open(tmp_path / "p.csv") as f:
+        assert [(r["file"], r["class_name"]) for r in csv.DictReader(f)] == [
+            ("a.png", "red"),
+            ("c.png", "blue"),
+        ]
