@@ -149,6 +149,13 @@ CASES = [
     Case("decompression bomb (PNG)", "bomb.png", "bad", "decompression bomb", _writer(_png_bomb)),
     Case("decompression bomb (JPEG header)", "bomb.jpg", "bad", "decompression bomb", _writer(_jpeg_bomb)),
     Case("1x1 image", "dot.png", "load", "3x1x1", _writer(lambda: _encoded(_noise(1, 1), "PNG"))),
+    Case(
+        "extreme aspect ratio (1x1,000,000 PNG, 2 kB)",
+        "line.png",
+        "bad",
+        "aspect ratio beyond the limit of 100:1",
+        _writer(lambda: _encoded(Image.new("L", (1, 1_000_000)), "PNG")),
+    ),
     Case("16-bit PNG", "deep.png", "load", "3x6x10", _writer(_png16)),
     Case(
         "CMYK JPEG",

@@ -1,3 +1,5 @@
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -5,8 +7,11 @@ import pytest
 import torch
 from PIL import Image
 
-from project.data.decode import BadImageError, load_rgb
+from project.data.decode import MAX_ASPECT_RATIO, BadImageError, _libjpeg_turbo, load_rgb, read_rgb
+from project.infer import Classifier
+from project.serve import bodies
 from tests.conftest import write_image
+from tests.test_serve import tiny_export
 
 
 @pytest.mark.parametrize(
@@ -66,3 +71,102 @@ def test_bad_file_names_the_file(tmp_path: Path, content: bytes, reason: str) ->
         BadImageError, match=rf"Cannot decode image '.*broken.jpg'.*{reason}.*skip_bad_images"
     ):
         load_rgb(path)
+
+
+def _noise(width: int, height: int, mode: str = "RGB") -> Image.Image:
+    rng = np.random.default_rng(width * 7919 + height)
+    smooth = np.cumsum(rng.normal(0, 12, (height, width, 3)), axis=1) % 256  # photo-like and noisy
+    return Image.fromarray(smooth.astype(np.uint8)).convert(mode)
+
+
+def _rotated(orientation: int, fmt: str) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        img = _noise(31, 12)
+        exif = img.getexif()
+        exif[0x0112] = orientation
+        img.save(path, fmt, exif=exif)
+
+    return write
+
+
+def _save(img: Callable[[], Image.Image], fmt: str, **options: object) -> Callable[[Path], None]:
+    return lambda path: img().save(path, fmt, **options)
+
+
+def _palette_transparent() -> Image.Image:
+    return _noise(12, 8).convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+
+
+def _animated(path: Path) -> None:
+    frames = [_noise(14, 9).convert("P"), _noise(14, 9).convert("P")]
+    frames[0].save(path, "GIF", save_all=True, append_images=frames[1:], duration=50)
+
+
+# every mode the index accepts, with the suffix it is stored under: name -> writer
+MODES: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "16-bit PNG (I;16)": (
+        "png",
+        _save(lambda: Image.fromarray((np.arange(600, dtype=np.uint16) * 109).reshape(20, 30)), "PNG"),
+    ),
+    "palette PNG with transparency": ("png", _save(_palette_transparent, "PNG", transparency=0)),
+    "RGBA PNG": ("png", _save(lambda: _noise(13, 9, "RGBA"), "PNG")),
+    "LA PNG": ("png", _save(lambda: _noise(13, 9, "LA"), "PNG")),
+    "1-bit PNG": ("png", _save(lambda: _noise(13, 9, "1"), "PNG")),
+    "grayscale PNG": ("png", _save(lambda: _noise(13, 9, "L"), "PNG")),
+    "grayscale JPEG": ("jpg", _save(lambda: _noise(33, 17, "L"), "JPEG")),
+    "CMYK JPEG": ("jpg", _save(lambda: _noise(33, 17, "CMYK"), "JPEG")),
+    "RGB JPEG 4:4:4": ("jpg", _save(lambda: _noise(33, 17), "JPEG", subsampling=0, quality=95)),
+    "RGB JPEG 4:2:0, odd size": ("jpg", _save(lambda: _noise(33, 17), "JPEG", subsampling=2)),
+    "progressive JPEG": ("jpg", _save(lambda: _noise(40, 30), "JPEG", progressive=True)),
+    **{f"EXIF orientation {o} JPEG": ("jpg", _rotated(o, "JPEG")) for o in range(1, 9)},
+    "EXIF orientation 6 PNG": ("png", _rotated(6, "PNG")),
+    "tiny 1x1 JPEG": ("jpg", _save(lambda: _noise(1, 1), "JPEG")),
+    "tiny 1x1 PNG": ("png", _save(lambda: _noise(1, 1), "PNG")),
+    "huge 3000x2000 JPEG": ("jpg", _save(lambda: _noise(300, 200).resize((3000, 2000)), "JPEG")),
+    "animated GIF": ("gif", _animated),
+    "BMP": ("bmp", _save(lambda: _noise(13, 9), "BMP")),
+    "WebP": ("webp", _save(lambda: _noise(13, 9), "WEBP")),
+    "TIFF": ("tiff", _save(lambda: _noise(13, 9), "TIFF")),
+    "PGM": ("pgm", _save(lambda: _noise(13, 9, "L"), "PPM")),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_training_and_torch_free_paths_decode_the_same_pixels(tmp_path: Path, mode: str) -> None:
+    suffix, write = MODES[mode]
+    path = tmp_path / f"image.{suffix}"
+    write(path)
+    training = load_rgb(path).permute(1, 2, 0).numpy()  # fit, validate, test, predict
+    served, _ = bodies.decode(path.read_bytes(), max_pixels=10**8)
+    assert np.array_equal(read_rgb(path), training)  # infer
+    assert np.array_equal(np.asarray(served), training)  # serve
+    if suffix == "jpg":  # the libjpeg-turbo path really decoded it (no fallback to Pillow)
+        assert np.array_equal(_libjpeg_turbo(path.read_bytes()), training)
+
+
+def test_16_bit_images_mean_the_same_to_infer(tmp_path: Path) -> None:
+    Image.fromarray(np.full((20, 30), 32768, dtype=np.uint16)).save(tmp_path / "deep.png")
+    tiny_export(tmp_path, "m", seed=0)
+    classifier = Classifier(tmp_path / "m.onnx")
+    assert np.unique(classifier.preprocess(tmp_path / "deep.png")).tolist() == [128]  # not 255
+    assert np.unique(classifier.preprocess((tmp_path / "deep.png").read_bytes())).tolist() == [128]
+
+
+@pytest.mark.parametrize(("width", "height"), [(1, 1_000_000), (1_000_000, 1), (3, 301)])
+def test_extreme_aspect_ratios_are_refused_before_decoding(tmp_path: Path, width: int, height: int) -> None:
+    path = tmp_path / "line.png"
+    Image.new("L", (width, height)).save(path)
+    started = time.perf_counter()
+    for load in (load_rgb, read_rgb):
+        with pytest.raises(BadImageError, match=rf"{width}x{height} pixels, an aspect ratio beyond") as e:
+            load(path)
+        assert e.value.kind == "shape"
+    assert time.perf_counter() - started < 2  # it took 20 s and 7 GB to resize in serve
+
+
+def test_the_aspect_ratio_limit_holds_for_jpeg_headers_and_admits_100_to_1(tmp_path: Path) -> None:
+    Image.new("RGB", (2, 201)).save(tmp_path / "tall.jpg")
+    with pytest.raises(BadImageError, match=r"2x201 pixels, an aspect ratio beyond the limit of 100:1"):
+        load_rgb(tmp_path / "tall.jpg")
+    Image.new("RGB", (MAX_ASPECT_RATIO * 2, 2)).save(tmp_path / "wide.jpg")
+    assert tuple(load_rgb(tmp_path / "wide.jpg").shape) == (3, 2, 200)

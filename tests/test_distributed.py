@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import shutil
@@ -83,6 +84,20 @@ def test_ddp_checkpoint_predicts_and_exports_on_one_cpu(
     assert len((workdir / "p.csv").read_text().splitlines()) == 1 + 23
     assert run_cli("export", "--ckpt_path", str(checkpoint), f"--output_dir={workdir / 'exported'}") == 0
     assert len(list((workdir / "exported").glob("ddp-val_acc=*.onnx"))) == 1
+
+
+def test_ddp_predict_writes_each_image_exactly_once(ddp_run: Path, odd_root: Path, tmp_path: Path) -> None:
+    checkpoint = ddp_run / "checkpoints" / "ddp" / "last.ckpt"
+    args = ["--ckpt_path", str(checkpoint), f"--data.predict_dir={odd_root / 'val'}", "--data.num_workers=0"]
+    two = project(tmp_path, "predict", *DDP, "--trainer.devices=2", *args, "--predictions.output=two.csv")
+    one = project(tmp_path, "predict", "--trainer.accelerator=cpu", *args, "--predictions.output=one.csv")
+    assert two.returncode == 0 and one.returncode == 0, two.stderr[-2000:] + one.stderr[-2000:]
+    with open(tmp_path / "two.csv") as f:
+        rows = list(csv.DictReader(f))
+    files = sorted(str(Path(p).relative_to(odd_root / "val")) for p in (odd_root / "val").rglob("*.jpg"))
+    assert [row["file"] for row in rows] == files and len(files) == 23  # both ranks' images, each once
+    with open(tmp_path / "one.csv") as f:
+        assert [row["class_name"] for row in csv.DictReader(f)] == [row["class_name"] for row in rows]
 
 
 def free_port() -> int:

@@ -281,6 +281,7 @@ def bad_requests(images: dict[str, bytes]) -> dict[str, tuple[int, bytes, str, s
         "png claiming 2.5 gigapixels": (413, png_header(50_000, 50_000), "image/png", ""),
         "jpeg over --max_pixels": (413, jpeg_header(2000, 2000), "image/jpeg", ""),
         "png header, no pixels": (400, png_header(64, 64), "image/png", ""),
+        "png of 1x1,000,000 pixels (2 kB)": (400, encode(Image.new("L", (1, 10**6)), "PNG"), "image/png", ""),
         "oversize body": (413, jpeg + bytes(300_000), "image/jpeg", ""),
         "multipart without boundary": (400, good_multipart[0], "multipart/form-data", ""),
         "multipart without file": (400, *multipart([("note", None, b"hi")]), ""),

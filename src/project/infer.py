@@ -2,38 +2,30 @@
 
     python -m project infer --model checkpoints/<run>/latest.onnx [--top_k 5] [--output CSV] FILE_OR_DIR...
 
-The sidecar JSON next to the model gives the class names and the image size; the resize and
-centre crop match validation (torchvision's Resize + CenterCrop), and the model itself
-normalizes. Importing this module imports neither torch nor lightning.
+The sidecar JSON next to the model gives the class names and the image size; files are decoded
+by training's rule (`project.data.decode`), the resize and centre crop match validation
+(torchvision's Resize + CenterCrop), and the model itself normalizes. A file that cannot be
+decoded is named on stderr with its reason, the others are still classified, and the exit status
+is then 1. Importing this module imports neither torch nor lightning.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
+import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
 from project import prediction_csv
+from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
 from project.data.index import list_images  # numpy only: keeps this module free of torch
 from project.errors import UserError, user_message
-
-
-def upright_rgb(img: Image.Image) -> Image.Image:
-    """The image as training sees it: turned upright per its EXIF orientation, 3-channel RGB."""
-    return ImageOps.exif_transpose(img).convert("RGB")
-
-
-def open_rgb(source: str | Path | bytes) -> Image.Image:
-    """Decode a file (or the bytes of one) into an upright RGB image."""
-    with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
-        return upright_rgb(img)
 
 
 class Classifier:
@@ -73,11 +65,17 @@ class Classifier:
             ) from None
 
     def preprocess(self, image: str | Path | bytes | Image.Image) -> np.ndarray:
-        """uint8 [3, size, size]: upright, RGB, short side resized, centre-cropped.
+        """uint8 [3, size, size]: decoded as training decodes, short side resized, centre-cropped.
 
-        `image` is a file, its bytes, or an already upright PIL image (see `open_rgb`).
+        `image` is a file, its bytes, or an image already decoded by `project.data.decode`
+        (whose BadImageError says why a file cannot be used).
         """
-        img = image.convert("RGB") if isinstance(image, Image.Image) else open_rgb(image)
+        if isinstance(image, Image.Image):
+            img = image.convert("RGB")
+        elif isinstance(image, bytes):
+            img = Image.fromarray(decode_rgb(image, "the image"))
+        else:
+            img = Image.fromarray(read_rgb(Path(image)))
         width, height = img.size
         short, long = (width, height) if width <= height else (height, width)
         new_long = int(self.resize_to * long / short)  # torchvision's rounding
@@ -100,11 +98,32 @@ class Classifier:
         top = np.argsort(-probabilities, kind="stable")[: min(k, len(self.class_names))]
         return [self.class_names[i] for i in top], [float(probabilities[i]) for i in top]
 
-    def classify(self, paths: Sequence[Path], top_k: int = 5, batch_size: int = 32) -> Iterator[tuple]:
+    def classify(
+        self,
+        paths: Sequence[Path],
+        top_k: int = 5,
+        batch_size: int = 32,
+        on_bad: Callable[[Path, BadImageError], None] | None = None,
+    ) -> Iterator[tuple]:
+        """(path, top-k names, probabilities) per file, in order.
+
+        A file that cannot be decoded raises BadImageError, or, with `on_bad`, is handed to it and
+        left out while the others are classified.
+        """
         for start in range(0, len(paths), batch_size):
-            chunk = paths[start : start + batch_size]
-            probs = self.probabilities(np.stack([self.preprocess(p) for p in chunk]))
-            for path, p in zip(chunk, probs, strict=True):
+            chunk, arrays = [], []
+            for path in paths[start : start + batch_size]:
+                try:
+                    arrays.append(self.preprocess(path))
+                except BadImageError as e:
+                    if on_bad is None:
+                        raise
+                    on_bad(path, e)
+                    continue
+                chunk.append(path)
+            if not chunk:
+                continue
+            for path, p in zip(chunk, self.probabilities(np.stack(arrays)), strict=True):
                 yield path, *self.top(p, top_k)
 
 
@@ -131,26 +150,54 @@ def main(argv: Sequence[str] | None = None) -> None:
     files = image_files(args.inputs)
     if not files:
         sys.exit(f"error: no image files in {args.inputs}. Fix: pass image files or folders of images.")
-    if classifier.multilabel and args.output is not None:  # every label's probability, in label order
+    bad: list[Path] = []
+
+    def skip(path: Path, error: BadImageError) -> None:  # one line each, as soon as it is met
+        bad.append(path)
+        print(f"error: cannot classify '{path}': {' '.join(error.reason.split())}", file=sys.stderr)
+
+    if args.output is None:
+        _print_rows(classifier, files, args.top_k, skip)
+    else:
+        _write_csv(classifier, files, args.top_k, skip, Path(args.output))
+    if bad:
+        sys.exit(
+            f"error: {len(bad)} of {len(files)} files could not be classified (each named above); "
+            f"the other {len(files) - len(bad)} were. Fix: replace or remove those files."
+        )
+
+
+def _print_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Callable) -> None:
+    if hasattr(sys.stdout, "reconfigure"):  # names that are not UTF-8 are printed as their bytes
+        sys.stdout.reconfigure(errors=prediction_csv.ERRORS)
+    for path, names, probs in classifier.classify(files, top_k, on_bad=skip):
+        print(f"{path}\t" + "\t".join(f"{n} {p:.4f}" for n, p in zip(names, probs, strict=True)))
+
+
+def _write_csv(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, output: Path) -> None:
+    """The CSV of the files that could be classified, at `output` only once complete."""
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        _write_rows(classifier, files, top_k, skip, partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, output)
+
+
+def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, path: Path) -> None:
+    with prediction_csv.open_csv(path) as f:
+        writer = csv.writer(f)
         names = classifier.class_names
-        rows = classifier.classify(files, len(names))
-        with open(args.output, "w", newline="") as f:
-            writer = csv.writer(f)
+        if classifier.multilabel:  # every label's probability, in label order
             writer.writerow(prediction_csv.multilabel_header(names))
-            for path, top, probs in rows:
+            for path, top, probs in classifier.classify(files, len(names), on_bad=skip):
                 by_name = dict(zip(top, probs, strict=True))
                 ordered = [by_name[n] for n in names]
                 writer.writerow(
                     prediction_csv.multilabel_row(str(path), names, ordered, classifier.threshold)
                 )
-        return
-    rows = classifier.classify(files, args.top_k)
-    if args.output is None:
-        for path, names, probs in rows:
-            print(f"{path}\t" + "\t".join(f"{n} {p:.4f}" for n, p in zip(names, probs, strict=True)))
-        return
-    with open(args.output, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(prediction_csv.header(min(args.top_k, len(classifier.class_names))))
-        for path, names, probs in rows:
-            writer.writerow(prediction_csv.row(str(path), names, probs))
+        else:
+            writer.writerow(prediction_csv.header(min(top_k, len(names))))
+            for path, top, probs in classifier.classify(files, top_k, on_bad=skip):
+                writer.writerow(prediction_csv.row(str(path), top, probs))

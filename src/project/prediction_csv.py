@@ -3,12 +3,25 @@
 Multi-label models write `file, labels, probability_<label>...` instead: the predicted labels
 (separated by spaces) and every label's sigmoid probability.
 
-Both commands write it through these two functions, so their columns cannot drift apart.
+Both commands write it through these functions, so their columns cannot drift apart. The file is
+UTF-8, except that a file name which is not (a name is bytes on Linux) keeps its own bytes
+(Python's "surrogateescape"): every name the file system can hold is written, and reading the CSV
+with `errors="surrogateescape"` gives back the exact name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+ENCODING = "utf-8"
+ERRORS = "surrogateescape"  # os.fsdecode's way back to a name's bytes
+
+
+def open_csv(path: Path) -> TextIO:
+    """`path` opened for writing the CSV with its encoding rule."""
+    return open(path, "w", newline="", encoding=ENCODING, errors=ERRORS)
 
 
 def header(k: int) -> list[str]:

@@ -9,7 +9,6 @@ are opened, which also keeps Pillow's riskier plugins (EPS, which runs Ghostscri
 from __future__ import annotations
 
 import asyncio
-import io
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -18,9 +17,8 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 
-from project.infer import upright_rgb
+from project.data.decode import FORMATS, BadImageError, decode_image
 
-FORMATS = ("JPEG", "PNG", "BMP", "GIF", "TIFF", "WEBP", "PPM")  # what list_images accepts for training
 RAW_TYPES = ("application/octet-stream", "")  # plus image/*; no Content-Type at all counts as raw
 FIX_TYPE = (
     "send the image file as the body with Content-Type: image/jpeg (png, ...) or application/octet-stream, "
@@ -118,38 +116,34 @@ async def multipart_file(request: Request, body: bytes) -> bytes:
 
 
 def decode(data: bytes, max_pixels: int) -> tuple[Image.Image, str | None]:
-    """(upright RGB image, format) of untrusted bytes; RequestError 415 (no image), 413 (too big), 400."""
+    """(upright RGB image, format) of untrusted bytes, by training's rule (`project.data.decode`).
+
+    RequestError 415 (not an image in FORMATS), 413 (more pixels than `max_pixels`), 400 (corrupt,
+    or an aspect ratio beyond decode.MAX_ASPECT_RATIO).
+    """
     try:
-        img = Image.open(io.BytesIO(data), formats=FORMATS)  # reads the header only
-    except Image.UnidentifiedImageError:
-        raise RequestError(
+        pixels, image_format = decode_image(data, "the body", max_pixels)
+    except BadImageError as e:
+        raise refusal(e, data) from None
+    return Image.fromarray(pixels), image_format
+
+
+def refusal(error: BadImageError, data: bytes) -> RequestError:
+    """The HTTP answer to an image the decoder refused."""
+    if error.kind == "format":
+        return RequestError(
             415,
             f"The body ({len(data)} bytes, starting {data[:8]!r}) is not an image in a readable format.",
             f"send a file in one of {', '.join(FORMATS)}.",
-        ) from None
-    except Image.DecompressionBombError as e:
-        raise RequestError(
-            413, f"The image is too large to decode ({e})", "send a smaller image, or raise --max_pixels."
-        ) from None
-    except Exception as e:  # Pillow's plugins raise many types on hostile headers
-        raise corrupt(e) from None
-    with img:
-        pixels = img.width * img.height
-        if pixels > max_pixels:  # the header's claim, checked before a single pixel is decoded
-            raise RequestError(
-                413,
-                f"The image is {img.width}x{img.height} = {pixels} pixels, more than the limit {max_pixels}.",
-                "send a smaller image (the model sees it resized anyway), or raise --max_pixels.",
-            )
-        try:
-            return upright_rgb(img), img.format
-        except Exception as e:  # truncated or corrupt data surfaces only while decoding
-            raise corrupt(e) from None
-
-
-def corrupt(error: Exception) -> RequestError:
+        )
+    if error.kind == "size":
+        return RequestError(
+            413,
+            f"The image is too large to decode: {error.reason}.",
+            "send a smaller image (the model sees it resized anyway), or raise --max_pixels.",
+        )
+    if error.kind == "shape":
+        return RequestError(400, f"The image cannot be used: {error.reason}.", "send a less elongated image.")
     return RequestError(
-        400,
-        f"The image cannot be decoded ({type(error).__name__}: {error}).",
-        "send a complete, uncorrupted image file.",
+        400, f"The image cannot be decoded ({error.reason}).", "send a complete, uncorrupted image file."
     )

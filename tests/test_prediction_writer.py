@@ -1,0 +1,80 @@
+"""The predictions CSV of `predict`: each image once, in file order, whatever its name."""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from project.callbacks.prediction_writer import PredictionWriter
+from project.data.dataset import FileDataset, collate_skipping_none
+from tests.conftest import tiny_trainer
+
+COLOURS = {"red": (230, 20, 20), "green": (20, 230, 20), "blue": (20, 20, 230)}
+
+
+class MeanColour(L.LightningModule):
+    """Probabilities from an image's mean colour: the class is its dominant channel."""
+
+    class_names = list(COLOURS)
+    task = "multiclass"
+
+    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return (batch[0].float().mean(dim=(2, 3)) / 10).softmax(dim=1)
+
+
+def predict(folder: Path, names: Sequence[bytes], order: list[int], output: Path) -> list[dict]:
+    """Predict images `names` (one per colour, in turn), visited in `order`; the CSV's rows."""
+    files = []
+    for i, name in enumerate(names):
+        path = Path(os.fsdecode(os.path.join(os.fsencode(folder), name)))
+        Image.fromarray(np.full((8, 8, 3), list(COLOURS.values())[i % 3], dtype=np.uint8)).save(path, "PNG")
+        files.append(path)
+    loader = DataLoader(FileDataset(files, lambda image: image, root=folder), batch_size=2, sampler=order)
+    tiny_trainer(PredictionWriter(str(output), top_k=2)).predict(
+        MeanColour(), loader, return_predictions=False
+    )
+    with open(output, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_an_image_visited_twice_is_written_once_in_file_order(tmp_path: Path) -> None:
+    # a distributed sampler pads the last rank's share with images another rank already has
+    rows = predict(tmp_path, [b"a.png", b"b.png", b"c.png"], [2, 0, 1, 0, 2], tmp_path / "p.csv")
+    assert [(r["file"], r["class_name"], r["top1_class"]) for r in rows] == [
+        ("a.png", "red", "red"),
+        ("b.png", "green", "green"),
+        ("c.png", "blue", "blue"),
+    ]
+
+
+def test_a_name_that_is_not_utf8_is_written_with_its_bytes(tmp_path: Path) -> None:
+    output = tmp_path / "p.csv"
+    rows = predict(tmp_path, [b"caf\xe9.png", b"plain.png"], [0, 1], output)
+    assert [r["file"] for r in rows] == [os.fsdecode(b"caf\xe9.png"), "plain.png"]
+    assert output.read_bytes().splitlines()[1].startswith(b"caf\xe9.png,red,")
+    assert not list(tmp_path.glob(".p.csv*"))
+
+
+def test_an_image_refused_by_decoding_is_skipped_and_the_others_written(tmp_path: Path) -> None:
+    for name, rgb in (("a.png", COLOURS["red"]), ("c.png", COLOURS["blue"])):
+        Image.fromarray(np.full((8, 8, 3), rgb, dtype=np.uint8)).save(tmp_path / name)
+    Image.new("L", (1, 1_000_000)).save(tmp_path / "b-line.png")  # 2 kB; 7 GB once resized
+    files = [tmp_path / "a.png", tmp_path / "b-line.png", tmp_path / "c.png"]
+    dataset = FileDataset(files, lambda image: image[:, :8, :8], skip_bad_images=True, root=tmp_path)
+    loader = DataLoader(dataset, batch_size=2, collate_fn=collate_skipping_none)
+    with pytest.warns(UserWarning, match=r"b-line.png': it is 1x1000000 pixels, an aspect ratio beyond"):
+        tiny_trainer(PredictionWriter(str(tmp_path / "p.csv"))).predict(MeanColour(), loader)
+    with open(tmp_path / "p.csv") as f:
+        assert [(r["file"], r["class_name"]) for r in csv.DictReader(f)] == [
+            ("a.png", "red"),
+            ("c.png", "blue"),
+        ]
