@@ -333,8 +333,16 @@ def test_validate_with_only_the_checkpoint_reproduces_fit(run: Run) -> None:
         assert measured[name] == pytest.approx(value, abs=1e-6), name
 
 
+def test_test_with_the_runs_data_flags_evaluates_what_fit_validated(run: Run) -> None:
+    """Neither data set has a test split: `test` evaluates the validation split, as fit did."""
+    measured = evaluate(run, "test", run.best, *run.data_flags)
+    monitor, score = saved_score(run.best)
+    assert measured[monitor.replace("val/", "test/")] == score
+    assert measured["test/loss"] == pytest.approx(run.fit_metrics["val/loss"], abs=1e-6)
+
+
 def test_test_with_only_the_checkpoint_evaluates_the_runs_data(run: Run) -> None:
-    """Neither data set has a test split: `test` evaluates the run's validation split, like fit did."""
+    """The run's data, from the checkpoint; without a test split, its validation split."""
     measured = evaluate(run, "test", run.best)
     monitor, score = saved_score(run.best)
     assert measured[monitor.replace("val/", "test/")] == score
