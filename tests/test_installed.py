@@ -1,0 +1,145 @@
+"""Installed, not only cloned: `pip install .` (not editable), run from another folder.
+
+The package is built from a copy of this checkout (the build writes into the tree it builds from)
+and installed with pip's --target into a folder of its own; its dependencies come from this
+environment. Commands run with that folder as the only PYTHONPATH entry and a working folder that
+has no configs/: the default config must apply, and every subcommand must start through both
+`python -m project` and the installed `project` script.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS = (
+    "fit",
+    "validate",
+    "test",
+    "predict",
+    "export",
+    "memory",
+    "infer",
+    "serve",
+    "report",
+    "doctor",
+    "new",
+)
+# folders of a working checkout that are not part of the package's sources
+NOT_SOURCES = {".git", ".venv", "logs", "checkpoints", "data", "build", "dist"}
+
+# runs `<launcher> <command> --help` for each command in one process (a Lightning import is seconds);
+# the launcher is `-m` (python -m project) or the path of the installed script
+HELP_DRIVER = """
+import contextlib, io, json, runpy, sys
+launcher, commands = sys.argv[1], sys.argv[2:]
+results = {}
+for command in commands:
+    sys.argv = ["project", command, "--help"]
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            if launcher == "-m":
+                runpy.run_module("project", run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(launcher, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException as e:
+        code = 1
+        out.write(f"{type(e).__name__}: {e}")
+    text = out.getvalue()
+    shown = text if len(text) < 4000 else text[:2000] + " ... " + text[-2000:]  # usage and the error
+    results[command] = {"code": code, "output": shown}
+import project
+print(json.dumps({"file": project.__file__, "results": results}))
+"""
+
+
+def _not_sources(folder: str, names: list[str]) -> list[str]:
+    top = Path(folder) == REPO
+    return [n for n in names if n == "__pycache__" or n.endswith(".egg-info") or (top and n in NOT_SOURCES)]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`pip install --no-deps --target SITE .` of a copy of this checkout; returns SITE."""
+    for tool in ("pip", "setuptools"):
+        if importlib.util.find_spec(tool) is None:
+            pytest.skip(f"building the package needs {tool} in this environment")
+    base = tmp_path_factory.mktemp("installed")
+    source, site = base / "source", base / "install" / "site"
+    shutil.copytree(REPO, source, ignore=_not_sources, symlinks=True)
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index"]
+    command += ["--quiet", "--target", str(site), "."]
+    done = subprocess.run(command, cwd=source, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return site
+
+
+@pytest.fixture(scope="module")
+def elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty working folder: no configs/, no src/."""
+    return tmp_path_factory.mktemp("elsewhere")
+
+
+def run(site: Path, cwd: Path, *command: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # not the checkout's src/
+    env["PYTHONPATH"] = str(site)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def launchers(site: Path) -> dict[str, list[str]]:
+    return {
+        "python -m project": [sys.executable, "-m", "project"],
+        "project": [str(site / "bin" / "project")],
+    }
+
+
+@pytest.mark.parametrize("launcher", ["python -m project", "project"])
+def test_the_default_config_applies(installed: Path, elsewhere: Path, launcher: str) -> None:
+    default = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+    done = run(installed, elsewhere, *launchers(installed)[launcher], "fit", "--print_config")
+    assert done.returncode == 0, done.stderr
+    shown = yaml.safe_load(done.stdout)
+    assert shown["seed_everything"] == default["seed_everything"]
+    assert shown["model"]["backbone"] == default["model"]["backbone"]
+    assert shown["model"]["bn_momentum"] == default["model"]["bn_momentum"]
+    assert shown["data"]["image_size"] == default["data"]["image_size"]
+    assert shown["trainer"]["max_epochs"] == default["trainer"]["max_epochs"]
+
+
+@pytest.fixture(scope="module")
+def helps(installed: Path, elsewhere: Path) -> dict[str, dict]:
+    """launcher -> {"file": project.__file__, "results": {command: {"code", "output"}}}."""
+    found = {}
+    for name, launcher in (("python -m project", "-m"), ("project", str(installed / "bin" / "project"))):
+        done = run(installed, elsewhere, sys.executable, "-c", HELP_DRIVER, launcher, *COMMANDS)
+        assert done.returncode == 0, done.stderr
+        found[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_the_installed_package_is_the_one_imported(installed: Path, helps: dict[str, dict]) -> None:
+    for launcher, found in helps.items():
+        assert Path(found["file"]).is_relative_to(installed), (launcher, found["file"])
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("launcher", ["python -m project", "project"])
+def test_every_subcommand_starts(helps: dict[str, dict], launcher: str, command: str) -> None:
+    result = helps[launcher]["results"][command]
+    assert result["code"] == 0, result["output"]
+    assert "usage:" in result["output"].lower(), result["output"]
