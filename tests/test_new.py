@@ -204,7 +204,7 @@ def test_only_tracked_files_are_copied_with_their_working_tree_content(tmp_path:
     """Stray outputs lying in a clone (a log, notes) stay behind; uncommitted edits of tracked files go."""
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(new.TEMPLATE_ROOT), str(clone)], check=True)
-    (clone / "fit.log").write_text("Epoch 3: project loss 0.1\n")
+    (clone / "fit.log").write_text("Epoch 3: loss 0.1\n")
     (clone / "configs" / "notes.yaml").write_text("mine: true\n")
     (clone / "README.md").write_text((clone / "README.md").read_text() + "\nA local edit.\n")
     (clone / "docs" / "troubleshooting.md").unlink()  # a tracked file deleted in the working tree
