@@ -214,7 +214,7 @@ def test_only_tracked_files_are_copied_with_their_working_tree_content(tmp_path:
     tracked = subprocess.run(["git", "ls-files"], cwd=clone, capture_output=True, text=True, check=True)
     assert set(files) <= set(tracked.stdout.splitlines())
 
-    count, _ = new.create(tmp_path / "copy", "leafnet", root=clone)
+    count, _ = new.create(tmp_path / "copy", "stray_check", root=clone)
     copy = tmp_path / "copy"
     assert count == len(files)
     assert not (copy / "fit.log").exists() and not (copy / "configs" / "notes.yaml").exists()
