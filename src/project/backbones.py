@@ -55,8 +55,9 @@ def size_arguments(name: str, image_size: int | None) -> dict[str, Any]:
     """
     if image_size is None:
         return {}
-    if name.startswith("vit_"):
-        patch = int(name.rsplit("_", 1)[1])  # vit_b_16: 16 px patches
+    patch_in_name = re.fullmatch(r"vit_\w+_(\d+)", name)  # vit_b_16: 16 px patches
+    if patch_in_name:
+        patch = int(patch_in_name.group(1))
         if image_size % patch:
             _refuse(name, image_size, f"a multiple of {patch} px", math.ceil(image_size / patch) * patch)
         return {"image_size": image_size}

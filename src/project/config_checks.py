@@ -81,10 +81,10 @@ def check_cli_config(config: Any) -> None:
 
 def check_batch_fits(image_size: Any, batch_size: Any, memory: int | None = None) -> None:
     """A batch whose float input alone outgrows this machine's memory (`memory` bytes, default: its RAM)
-    is a typo, not a run: refuse it before any image is decoded. `memory` measures real needs."""
+    is a typo, not a run: refuse it before any image is decoded (the `memory` command measures real needs)."""
     if not (_integer(image_size) and _integer(batch_size) and image_size > 0 and batch_size > 0):
         return  # the data module names values out of range
-    memory = memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # RAM, as `memory` reports
     need = batch_size * 3 * image_size**2 * 4  # float32, as the network receives it
     if need > memory:
         raise UserError(
