@@ -5,9 +5,12 @@ import pytest
 import torch
 import torchvision
 from torch import nn
+from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings
 
-from project.backbones import build_backbone, head_of
+from project.backbones import build_backbone, classification_models, head_of, load_weights, size_arguments
 from project.errors import UserError
+from project.model import ImageClassifier
+from tests.test_checkpoint_io import RunsCode
 
 
 @pytest.mark.parametrize(
@@ -69,3 +72,66 @@ def test_offline_download_says_how_to_pass_a_file(monkeypatch: pytest.MonkeyPatc
         UserError, match=r"Cannot download weights resnet18 DEFAULT.*--model.weights=.*resnet18-"
     ):
         build_backbone("resnet18", 4, weights="DEFAULT")
+
+
+# Backbones that cannot take the default 64 px images, and the size each message suggests.
+REFUSED_AT_64 = {"inception_v3": 75, "maxvit_t": 224, "vit_h_14": 70}
+
+
+@pytest.mark.parametrize("name", classification_models())
+def test_every_backbone_takes_64_px_or_names_the_size_it_needs(name: str) -> None:
+    """Cheap (nothing is built): the size rule of each torchvision model at the default image size."""
+    if name in REFUSED_AT_64:
+        with pytest.raises(UserError) as error:
+            size_arguments(name, 64)
+        message = str(error.value)
+        assert message.startswith(f"Backbone '{name}' cannot take 64 px images (--data.image_size=64)")
+        assert f"Fix: set --data.image_size={REFUSED_AT_64[name]}" in message and "\n" not in message
+    else:
+        assert size_arguments(name, 64) == ({"image_size": 64} if name.startswith("vit_") else {})
+
+
+@pytest.mark.parametrize(("name", "size"), [("vit_b_32", 64), ("inception_v3", 75), ("maxvit_t", 224)])
+def test_fixed_size_families_build_for_the_configured_size(name: str, size: int) -> None:
+    model = build_backbone(name, num_classes=3, image_size=size).eval()
+    with torch.no_grad():
+        assert model(torch.zeros(1, 3, size, size)).shape == (1, 3)
+
+
+@pytest.mark.parametrize(("name", "size"), [("vit_b_32", 48), ("inception_v3", 64), ("maxvit_t", 64)])
+def test_a_size_the_backbone_cannot_take_stops_before_building(name: str, size: int) -> None:
+    with pytest.raises(UserError, match=rf"Backbone '{name}' cannot take {size} px images"):
+        ImageClassifier(num_classes=3, backbone=name, image_size=size)
+
+
+def test_vit_weights_of_another_size_get_an_interpolated_position_embedding(tmp_path: Path) -> None:
+    def tiny_vit(size: int) -> VisionTransformer:
+        return VisionTransformer(size, patch_size=32, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=8)
+
+    torch.manual_seed(0)
+    source = tiny_vit(224)  # made at 224 px: 7x7 patches + the class token
+    torch.save(source.state_dict(), tmp_path / "vit.pth")
+    model = tiny_vit(64)
+    load_weights(model, "vit_b_32", str(tmp_path / "vit.pth"))
+    expected = interpolate_embeddings(64, 32, source.state_dict())["encoder.pos_embedding"]
+    assert model.encoder.pos_embedding.shape == (1, 2 * 2 + 1, 8)
+    assert torch.equal(model.encoder.pos_embedding, expected)
+    assert torch.equal(model.conv_proj.weight, source.conv_proj.weight)
+
+
+def test_a_planted_pickle_in_the_torchvision_cache_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file the offline message tells users to copy into place is read weights-only."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    marker = tmp_path / "code-ran"
+    url = torchvision.models.get_model_weights("squeezenet1_1").DEFAULT.url
+    cache = tmp_path / "torch" / "hub" / "checkpoints" / url.rsplit("/", 1)[1]
+    cache.parent.mkdir(parents=True)
+    torch.save({"features.0.weight": RunsCode(marker)}, cache)
+    with pytest.raises(UserError) as error:
+        build_backbone("squeezenet1_1", 3, weights="DEFAULT")
+    message = str(error.value)
+    assert message.startswith(f"Refused to load the cached weights '{cache}' (squeezenet1_1 DEFAULT)")
+    assert "(posix.system)" in message and "Nothing in it was executed" in message and "\n" not in message
+    assert not marker.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonargparse import Namespace
 
-from project.config_checks import check_cli_config
+from project.config_checks import check_batch_fits, check_cli_config
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError
 from project.model import ImageClassifier
@@ -105,3 +106,69 @@ def test_cli_stops_before_training(workdir: Path, shapes_root: Path, flag: str, 
     assert "Traceback" not in err
     assert not (workdir / "checkpoints" / "bad").exists()  # nothing was trained or written
     assert not list((workdir / "logs").glob("bad/*.tfevents*"))
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (
+            "--model.optimizer.init_args.weight_decay=-1",
+            "--model.optimizer.init_args.weight_decay=-1.0 is out of range: it must be a number >= 0",
+        ),
+        (
+            "--model.scheduler.init_args.warmup_steps=-5",
+            "--model.scheduler.init_args.warmup_steps=-5 is out of range: it must be an integer >= 0",
+        ),
+        ("--trainer.gradient_clip_val=-1", "--trainer.gradient_clip_val=-1.0 is out of range: it must be a"),
+        ("--predictions.top_k=-3", "--predictions.top_k=-3 is out of range: it must be an integer >= 1"),
+        ("--data.image_size=100000", "--data.image_size=100000 is too large: a batch of 16 images"),
+        ("--model.backbone=inception_v3", "Backbone 'inception_v3' cannot take 32 px images"),
+    ],
+)
+def test_more_bad_values_end_in_one_line(
+    workdir: Path, shapes_root: Path, flag: str, message: str, capsys
+) -> None:
+    assert run_cli("fit", *fast_args(shapes_root, "--name=bad", flag)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last and "Fix: " in last
+    assert not (workdir / "checkpoints" / "bad").exists()
+
+
+def test_a_single_class_ends_in_one_line(workdir: Path, shapes_root: Path, capsys) -> None:
+    single = workdir / "single"
+    shutil.copytree(shapes_root / "train" / "circle", single / "circle")
+    assert run_cli("fit", *fast_args(single, "--name=bad", "--data.val_split=0.25")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: '{single}' has 1 class folder ['circle']: a classifier needs at least 2 classes. Fix: "
+        )
+    )
+
+
+def test_batch_that_outgrows_memory_is_refused_with_sizes() -> None:
+    check_batch_fits(224, 64, memory=2**30)  # 37 MiB of input: fine
+    with pytest.raises(
+        UserError, match=r"takes 1\.1 GiB as the network's input alone, more than .* 1\.0 GiB"
+    ):
+        check_batch_fits(1000, 100, memory=2**30)
+
+
+@EXAMPLES
+@given(st.integers(max_value=-1))
+def test_warmup_steps_must_not_be_negative(value: int) -> None:
+    config = Namespace(model=Namespace(scheduler=Namespace(init_args=Namespace(warmup_steps=value))))
+    with pytest.raises(UserError, match=rf"--model.scheduler.init_args.warmup_steps={value} is out of range"):
+        check_cli_config(config)
+
+
+@EXAMPLES
+@given(numbers.filter(lambda v: not v >= 0))
+def test_gradient_clip_val_must_not_be_negative(value: float) -> None:
+    with pytest.raises(UserError, match=r"--trainer.gradient_clip_val=.* is out of range"):
+        check_cli_config(Namespace(trainer=Namespace(gradient_clip_val=value)))

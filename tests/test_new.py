@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from project import new
+from project.errors import UserError
 
 OLD = new.PACKAGE
 # the clone runs a fast subset of its own suite (its test_new without this clone-and-run test)
@@ -92,6 +93,10 @@ def test_clone_is_renamed_committed_and_passes_its_tests(tmp_path: Path, shapes_
         ("json", "standard library"),
         ("torch", "already importable"),
         ("tests", "is a folder of the template"),
+        ("ñame", "is not a valid Python package name"),  # not ASCII: not a TOML bare key, not PEP 508
+        ("__init__", "is not a valid Python package name"),
+        ("_private", "is not a valid Python package name"),  # PEP 508: starts and ends with a letter/digit
+        ("task_", "is not a valid Python package name"),
     ],
 )
 def test_a_bad_name_writes_nothing(tmp_path: Path, capsys, name: str, message: str) -> None:
@@ -173,3 +178,45 @@ def test_renaming_targets_code_references_not_prose() -> None:
     prose = "A checkpoint of this project.\n[project.optional-dependencies]\nmy_{0}.x\nPROJECT_RUN_NAME\n"
     text = (code + prose).format(OLD)
     assert new.rename_text(text, rules) == code.format("zz_fresh") + prose.format(OLD)
+
+
+def _template(root: Path) -> Path:
+    """A minimal template (package old_pkg) at `root`."""
+    for rel in ("pyproject.toml", "src/old_pkg/__init__.py", "README.md"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("from old_pkg import x\n")
+    return root
+
+
+@pytest.mark.parametrize("inside", ["nested", "src/old_pkg/copy"])
+def test_a_destination_inside_the_template_writes_nothing(tmp_path: Path, inside: str) -> None:
+    root = _template(tmp_path / "template")
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    with pytest.raises(UserError, match=r"Destination '.*' is inside the template '.*'; nothing was written"):
+        new.create(root / inside, "fresh", root=root, old="old_pkg")
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (new.TEMPLATE_ROOT / ".git").exists(), reason="needs a git checkout"
+)
+def test_only_tracked_files_are_copied_with_their_working_tree_content(tmp_path: Path) -> None:
+    """Stray outputs lying in a clone (a log, notes) stay behind; uncommitted edits of tracked files go."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(new.TEMPLATE_ROOT), str(clone)], check=True)
+    (clone / "fit.log").write_text("Epoch 3: loss 0.1\n")
+    (clone / "configs" / "notes.yaml").write_text("mine: true\n")
+    (clone / "README.md").write_text((clone / "README.md").read_text() + "\nA local edit.\n")
+    (clone / "docs" / "troubleshooting.md").unlink()  # a tracked file deleted in the working tree
+    files = new.template_files(clone)
+    assert "fit.log" not in files and "configs/notes.yaml" not in files
+    assert "docs/troubleshooting.md" not in files and "README.md" in files
+    tracked = subprocess.run(["git", "ls-files"], cwd=clone, capture_output=True, text=True, check=True)
+    assert set(files) <= set(tracked.stdout.splitlines())
+
+    count, _ = new.create(tmp_path / "copy", "stray_check", root=clone)
+    copy = tmp_path / "copy"
+    assert count == len(files)
+    assert not (copy / "fit.log").exists() and not (copy / "configs" / "notes.yaml").exists()
+    assert (copy / "README.md").read_text().endswith("\nA local edit.\n")
+    assert (copy / "src" / "stray_check" / "__init__.py").is_file()

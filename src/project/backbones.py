@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import difflib
+import math
+import pickle
+import re
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
 import torch
 import torchvision
 from torch import nn
+from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings
 
 from project.checkpoint_io import load_checkpoint_file
 from project.errors import UserError
+
+# MaxViT attends within 7x7 windows at each of its stages (strides 4, 8, 16, 32): each stage's grid
+# must be a whole number of windows, so 224 px (7 x 32) and its multiples fit.
+MAXVIT_TILE = 224
 
 
 def classification_models() -> list[str]:
@@ -18,18 +28,71 @@ def classification_models() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models)
 
 
-def build_backbone(name: str, num_classes: int, weights: str | None = None) -> nn.Module:
-    """`name` with a `num_classes` head; `weights` is None, a torchvision weights name, or a file."""
+def build_backbone(
+    name: str, num_classes: int, weights: str | None = None, image_size: int | None = None
+) -> nn.Module:
+    """`name` with a `num_classes` head, built for `image_size` px inputs (None: torchvision's size);
+    `weights` is None, a torchvision weights name, or a file."""
     known = classification_models()
     if name not in known:
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"did you mean {', '.join(close)}?" if close else f"choose one of: {', '.join(known)}."
         raise UserError(f"Unknown backbone '{name}' (--model.backbone).", hint)
     extra = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
+    extra |= size_arguments(name, image_size)
     model = torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra)
     if weights is not None and weights.lower() != "none":
         load_weights(model, name, weights)
     return model
+
+
+def size_arguments(name: str, image_size: int | None) -> dict[str, Any]:
+    """Builder arguments that size `name` for `image_size` px, or a UserError when it cannot take it.
+
+    ViT and MaxViT fix their input size when built (torchvision builds them for 224 px unless told),
+    so they are built for the configured size; swin pads its windows to any size; every other model
+    takes any size from the minimum its torchvision weights document (meta["min_size"]).
+    """
+    if image_size is None:
+        return {}
+    patch_in_name = re.fullmatch(r"vit_\w+_(\d+)", name)  # vit_b_16: 16 px patches
+    if patch_in_name:
+        patch = int(patch_in_name.group(1))
+        if image_size % patch:
+            _refuse(name, image_size, f"a multiple of {patch} px", math.ceil(image_size / patch) * patch)
+        return {"image_size": image_size}
+    if name.startswith("maxvit_"):
+        if not _maxvit_fits(image_size):
+            _refuse(name, image_size, f"a multiple of {MAXVIT_TILE} px", _next_multiple(image_size))
+        return {"input_size": (image_size, image_size)}
+    if name.startswith("swin"):
+        return {}
+    minimum = min_image_size(name)
+    if image_size < minimum:
+        _refuse(name, image_size, f"at least {minimum} px", minimum)
+    return {}
+
+
+def min_image_size(name: str) -> int:
+    """The smallest input torchvision documents for `name` (1 for most convolutional networks)."""
+    return max(entry.meta["min_size"][0] for entry in torchvision.models.get_model_weights(name))
+
+
+def _maxvit_fits(size: int) -> bool:
+    # the grid of each of the 4 stages (strides 4, 8, 16, 32; rounded up) must divide into 7x7 windows
+    return all(math.ceil(size / 2**k) % 7 == 0 for k in range(2, 6))
+
+
+def _next_multiple(size: int) -> int:
+    return max(1, math.ceil(size / MAXVIT_TILE)) * MAXVIT_TILE
+
+
+def _refuse(name: str, image_size: int, needs: str, suggested: int) -> None:
+    raise UserError(
+        f"Backbone '{name}' cannot take {image_size} px images (--data.image_size={image_size}): "
+        f"it needs {needs}.",
+        f"set --data.image_size={suggested}, or choose another --model.backbone.",
+    )
 
 
 def head_of(model: nn.Module) -> nn.Module:
@@ -42,6 +105,7 @@ def head_of(model: nn.Module) -> nn.Module:
 def load_weights(model: nn.Module, name: str, weights: str) -> None:
     """Load every weight but the class-specific head, from torchvision's registry or a local file."""
     state = _read_local(Path(weights)) if _looks_like_path(weights) else _read_torchvision(name, weights)
+    state = _fit_position_embedding(model, state)
     own = model.state_dict()
     head = head_of(model)
     head_keys = {f"{k}.{p}" for k, m in model.named_modules() if m is head for p in ("weight", "bias")}
@@ -56,6 +120,22 @@ def load_weights(model: nn.Module, name: str, weights: str) -> None:
             f"{name}), or choose the backbone they belong to.",
         )
     model.load_state_dict(compatible, strict=False)
+
+
+def _fit_position_embedding(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """ViT weights made at another image size: interpolate their position embedding to this model's."""
+    key = "encoder.pos_embedding"
+    if not isinstance(model, VisionTransformer) or key not in state:
+        return state
+    if state[key].shape == model.encoder.pos_embedding.shape:
+        return state
+    try:
+        return dict(interpolate_embeddings(model.image_size, model.patch_size, dict(state)))
+    except ValueError as e:  # not a square grid of patches: not ViT weights
+        raise UserError(
+            f"The position embedding in the weights has shape {tuple(state[key].shape)} ({e}).",
+            "pass weights saved from a torchvision vision transformer.",
+        ) from None
 
 
 def _looks_like_path(weights: str) -> bool:
@@ -91,10 +171,24 @@ def _read_torchvision(name: str, weights: str) -> dict[str, torch.Tensor]:
             f"Backbone '{name}' has no weights '{weights}' (--model.weights).",
             f"use one of: {names}, none, or a local state-dict file.",
         ) from None
-    try:
-        return entry.get_state_dict(progress=False, check_hash=False)
+    # where torch.hub keeps the download (load_state_dict_from_url's rule)
+    cache = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(entry.url).path).name
+    try:  # weights-only: whatever lies in the cache folder cannot run code when it is read
+        return entry.get_state_dict(progress=False, check_hash=False, weights_only=True)
+    except pickle.UnpicklingError as e:
+        culprit = re.search(r"GLOBAL (\S+)", str(e))
+        raise UserError(
+            f"Refused to load the cached weights '{cache}' ({name} {weights}): the file holds pickled code "
+            f"or objects{f' ({culprit.group(1)})' if culprit else ''}, not only tensors, so loading it "
+            "could run code. Nothing in it was executed.",
+            f"delete that file (it is downloaded again from {entry.url}), or put the genuine file there.",
+        ) from None
+    except (RuntimeError, EOFError, ValueError) as e:
+        raise UserError(
+            f"Cannot read the cached weights '{cache}' ({name} {weights}): {str(e).splitlines()[0]}.",
+            f"delete that file (it is downloaded again from {entry.url}), or put the genuine file there.",
+        ) from None
     except OSError as e:  # URLError is an OSError: no network, proxy, DNS
-        cache = Path(torch.hub.get_dir()) / "checkpoints" / Path(entry.url).name
         raise UserError(
             f"Cannot download weights {name} {weights} from {entry.url} ({e}).",
             f"download that file on a connected machine and pass it as --model.weights={cache} "

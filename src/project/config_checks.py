@@ -6,6 +6,7 @@ Each failure is one UserError that names the option as a flag, the value given a
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from project.errors import UserError
@@ -35,13 +36,26 @@ def _number(value: Any) -> bool:
 
 
 def check_cli_config(config: Any) -> None:
-    """The options no constructor of ours sees: the optimizer's learning rate and the Trainer's."""
-    optimizer = config.get("model", {}).get("optimizer") if hasattr(config, "get") else None
-    init_args = getattr(optimizer, "init_args", None) if optimizer is not None else None
-    lr = init_args.get("lr") if init_args is not None and hasattr(init_args, "get") else None
+    """The options no constructor of ours sees: optimizer, schedule, Trainer, prediction writer, and the
+    batch size the image size makes."""
+    model = _get(config, "model")
+    optimizer_args = _get(_get(model, "optimizer"), "init_args")
+    lr = _get(optimizer_args, "lr")
     if lr is not None:
         require(_number(lr) and lr > 0, "model.optimizer.init_args.lr", lr, "a number > 0, e.g. 0.001")
-    trainer = config.get("trainer") or {}
+    weight_decay = _get(optimizer_args, "weight_decay")
+    if weight_decay is not None:
+        key = "model.optimizer.init_args.weight_decay"
+        require(_number(weight_decay) and weight_decay >= 0, key, weight_decay, "a number >= 0, e.g. 0.01")
+    warmup = _get(_get(_get(model, "scheduler"), "init_args"), "warmup_steps")
+    if warmup is not None:
+        require(
+            _integer(warmup) and warmup >= 0,
+            "model.scheduler.init_args.warmup_steps",
+            warmup,
+            "an integer >= 0",
+        )
+    trainer = _get(config, "trainer") or {}
     accumulate = trainer.get("accumulate_grad_batches")
     if accumulate is not None:
         positive_int("trainer.accumulate_grad_batches", accumulate)
@@ -53,3 +67,43 @@ def check_cli_config(config: Any) -> None:
             max_epochs,
             "-1 or an integer >= 0",
         )
+    clip = trainer.get("gradient_clip_val")
+    if clip is not None:
+        require(
+            _number(clip) and clip >= 0, "trainer.gradient_clip_val", clip, "a number >= 0 (0: no clipping)"
+        )
+    top_k = _get(_get(config, "predictions"), "top_k")
+    if top_k is not None:
+        positive_int("predictions.top_k", top_k)
+    data = _get(config, "data")
+    check_batch_fits(_get(data, "image_size"), _get(data, "batch_size"))
+
+
+def check_batch_fits(image_size: Any, batch_size: Any, memory: int | None = None) -> None:
+    """A batch whose float input alone outgrows this machine's memory (`memory` bytes, default: its RAM)
+    is a typo, not a run: refuse it before any image is decoded (the `memory` command measures real needs)."""
+    if not (_integer(image_size) and _integer(batch_size) and image_size > 0 and batch_size > 0):
+        return  # the data module names values out of range
+    memory = memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # RAM, as `memory` reports
+    need = batch_size * 3 * image_size**2 * 4  # float32, as the network receives it
+    if need > memory:
+        raise UserError(
+            f"--data.image_size={image_size} is too large: a batch of {batch_size} images of "
+            f"{image_size}x{image_size} px takes {_gib(need)} as the network's input alone, more than "
+            f"this machine's {_gib(memory)} of memory.",
+            "set --data.image_size to what the images need (224 is usual; `python -m project memory` "
+            "measures a size's cost), or a smaller --data.batch_size.",
+        )
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:,.1f} GiB"
+
+
+def _get(namespace: Any, key: str) -> Any:
+    """`namespace[key]` for a jsonargparse Namespace or dict, None when absent or not a mapping."""
+    return namespace.get(key) if namespace is not None and hasattr(namespace, "get") else None
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

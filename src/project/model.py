@@ -140,7 +140,7 @@ class ImageClassifier(L.LightningModule):
         self.task = task
         self.threshold = threshold
         self.normalize = Normalize(mean, std)
-        self.net = build_backbone(backbone, num_classes, weights)
+        self.net = build_backbone(backbone, num_classes, weights, image_size)
         if bn_momentum is not None:
             for module in self.net.modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):

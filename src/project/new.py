@@ -6,6 +6,11 @@ Copies code, configs, tests, docs, bench, README, pyproject and the CI script (n
 data, exports, environments, caches or git history); renames the package `src/<old>` to
 `src/NAME` and every code reference to it; creates a git repository with one commit. Imports
 neither torch nor lightning.
+
+In a git checkout, the files git tracks are copied, as they are in the working tree (uncommitted
+edits included; files git does not track, such as logs or notes lying in the clone, are not: `git
+add` a new file to take it along). Outside git (a downloaded archive), every file is copied except
+the EXCLUDED_NAMES patterns below.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ EXCLUDED_NAMES = (
     "*.ckpt",
     "*.partial",
     "predictions*.csv",
+    "*.log",
 )
 # ... and at the top level: run outputs (their folders are kept through .gitkeep) and data.
 EXCLUDED_TOP = ("data",)
@@ -57,6 +63,9 @@ KEEP_ONLY_GITKEEP = ("logs", "checkpoints")
 # Where the copy may still say the old name: prose ("this project"), pyproject's [project] tables,
 # and a test helper function called project(...).
 INTENTIONAL = (r"this project\b", r"the project\b", r"new project\b", r"\[project\b", r"\bproject\(")
+
+# PEP 508's rule for a distribution name: ASCII letters and digits, with . _ - only inside.
+PEP508_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
 
 GIT_IDENTITY = ("-c", "user.name=New Task", "-c", "user.email=new-task@localhost")
 
@@ -113,14 +122,12 @@ def excluded(rel: str) -> bool:
 
 
 def template_files(root: Path) -> list[str]:
-    """The files to copy: git's view (tracked + untracked, not ignored) or a walk, minus exclusions."""
+    """The files to copy: those git tracks (outside git: a walk), minus exclusions."""
     git = shutil.which("git")
     listed = None
     if git and (root / ".git").exists():
-        listed = subprocess.run(
-            [git, "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True,
-        )
+        # tracked only: whatever else lies in a working tree (logs, notes, outputs) is not the template
+        listed = subprocess.run([git, "-C", str(root), "ls-files", "-z", "--cached"], capture_output=True)
     if listed is not None and listed.returncode == 0:
         candidates = {os.fsdecode(p) for p in listed.stdout.split(b"\0") if p}
     else:  # not a git checkout (or a broken one): walk the tree
@@ -139,12 +146,13 @@ def _walk(root: Path) -> list[str]:
 
 
 def check_name(name: str, old: str = PACKAGE) -> None:
-    """NAME must work as `import NAME` and must not hide a module Python already finds."""
-    if not name.isidentifier() or keyword.iskeyword(name):
+    """NAME must work as `import NAME` and as a pip-installable distribution name, and must not hide
+    a module Python already finds."""
+    if not (name.isascii() and name.isidentifier() and PEP508_NAME.match(name)) or keyword.iskeyword(name):
         raise UserError(
             f"--name '{name}' is not a valid Python package name.",
-            "use letters, digits and underscores, not starting with a digit, and not a keyword "
-            "(e.g. --name leaf_disease).",
+            "use ASCII letters, digits and underscores, starting with a letter and not ending with an "
+            "underscore, and not a keyword (e.g. --name leaf_disease).",
         )
     if name == old:
         return
@@ -162,7 +170,13 @@ def check_name(name: str, old: str = PACKAGE) -> None:
         )
 
 
-def check_dest(dest: Path) -> None:
+def check_dest(dest: Path, root: Path = TEMPLATE_ROOT) -> None:
+    """DEST must be new or empty, and outside the template (a copy inside it would be copied again)."""
+    if dest.resolve().is_relative_to(root.resolve()):
+        raise UserError(
+            f"Destination '{dest}' is inside the template '{root}'; nothing was written.",
+            f"pass a path outside it, e.g. {root.parent / 'my-task'}.",
+        )
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UserError(
             f"Destination '{dest}' already exists and is not an empty folder; nothing was written.",
@@ -174,7 +188,7 @@ def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE
     """Write the renamed copy to `dest` via a temporary sibling; return (files copied, commit or None)."""
     dest = Path(dest).absolute()
     check_name(name, old)
-    check_dest(dest)
+    check_dest(dest, root)
     if not (root / "pyproject.toml").is_file() or not (root / "src" / old).is_dir():
         raise UserError(
             f"The template's sources are not at '{root}' (no pyproject.toml or src/{old}/).",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +12,8 @@ import lightning as L
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from project import memory
-from project.checkpoint_io import AtomicCheckpointIO
+from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
+from project.errors import UserError
 from project.export import export_checkpoint
 
 
@@ -22,6 +26,18 @@ class Trainer(L.Trainer):
         if not any(isinstance(p, CheckpointIO) for p in plugins):  # a user's own CheckpointIO wins
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         super().__init__(*args, **kwargs)
+
+    def fit(self, *args: Any, **kwargs: Any) -> None:
+        with disk_full_ends_in_one_line(self, "fit"):
+            super().fit(*args, **kwargs)
+
+    def validate(self, *args: Any, **kwargs: Any) -> Any:
+        with disk_full_ends_in_one_line(self, "validate"):
+            return super().validate(*args, **kwargs)
+
+    def test(self, *args: Any, **kwargs: Any) -> Any:
+        with disk_full_ends_in_one_line(self, "test"):
+            return super().test(*args, **kwargs)
 
     def memory(self, model: L.LightningModule, datamodule: L.LightningDataModule) -> None:
         """Print the memory one training step needs at the configured batch size and precision, and advice.
@@ -63,3 +79,62 @@ def validation_images(datamodule: L.LightningDataModule | None, count: int = 7) 
     index = datamodule.splits["val"]
     step = max(1, len(index) // count)
     return [index.path(i) for i in range(0, len(index), step)][:count]
+
+
+@contextmanager
+def disk_full_ends_in_one_line(trainer: L.Trainer, command: str) -> Iterator[None]:
+    """A full disk under the logs (TensorBoard's writer thread, hparams.yaml, ...) stops the run with one
+    DiskFullError instead of three tracebacks (the writer thread's, Lightning's ValueError, the failed
+    flush in teardown). Stopping, not logging on without the logger: the checkpoints are usually on the
+    same disk and would fail next, and a run whose curves silently end is worse than a clear stop."""
+    previous = threading.excepthook
+
+    def quiet_when_disk_full(args: threading.ExceptHookArgs) -> None:
+        if _disk_full(args.exc_value) is None:  # the main thread reports a full disk, once
+            previous(args)
+
+    threading.excepthook = quiet_when_disk_full
+    try:
+        yield
+    except UserError:
+        raise  # already one line (a checkpoint that did not fit is a DiskFullError)
+    except Exception as e:
+        error = _disk_full(e)
+        if error is None:
+            raise
+        raise _log_disk_full(trainer, error, command) from None
+    finally:
+        threading.excepthook = previous
+
+
+def _disk_full(error: BaseException | None) -> OSError | None:
+    """The ENOSPC/EDQUOT OSError in `error`'s chain of causes and contexts, if any."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _log_disk_full(trainer: L.Trainer, error: OSError, command: str) -> DiskFullError:
+    logs = getattr(trainer, "log_dir", None) or "logs/"
+    where = f"'{error.filename}'" if error.filename else f"the run's logs (TensorBoard events in '{logs}')"
+    problem = f"No space left on the disk ({error.strerror}) while writing {where}; `{command}` stopped."
+    then = f"run `{command}` again"
+    checkpoints = getattr(trainer.checkpoint_callback, "dirpath", None)
+    if command == "fit" and checkpoints:
+        saved = sorted(Path(checkpoints).glob("*.ckpt")) if Path(checkpoints).is_dir() else []
+        problem += f" The checkpoints already written ({len(saved)} in '{checkpoints}') are intact."
+        name = getattr(trainer.logger, "name", None) or Path(checkpoints).name
+        then = (
+            f"resume with --name {name} --ckpt_path last"
+            if saved
+            else "start the run again under a new --name (no checkpoint had been written yet)"
+        )
+    return DiskFullError(
+        problem,
+        f"free space on that disk (old runs in logs/ and checkpoints/, exports, caches) or set "
+        f"--trainer.logger.init_args.save_dir to a disk with room, then {then}.",
+    )

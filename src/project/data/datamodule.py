@@ -198,6 +198,13 @@ class ImageDataModule(L.LightningDataModule):
         return {"train": index.subset(train), "val": index.subset(val)}
 
     def _check_num_classes(self, found: tuple[str, ...]) -> None:
+        if len(found) < 2 and self.labels_csv is None:  # softmax over one class: nothing to learn
+            raise UserError(
+                f"'{self.root}' has {len(found)} class folder{'' if len(found) == 1 else 's'} "
+                f"{list(found)}: a classifier needs at least 2 classes.",
+                "put each class's images in its own sub-folder (root/<class>/*.jpg, or train/ and val/ "
+                "with the same class folders).",
+            )
         if self.expected_num_classes is not None and self.expected_num_classes != len(found):
             raise UserError(
                 f"--data.num_classes={self.expected_num_classes}, but '{self.root}' has "
