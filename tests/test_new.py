@@ -46,6 +46,8 @@ def test_clone_is_renamed_committed_and_passes_its_tests(tmp_path: Path, shapes_
     for kept in (".ci/run", "README.md", "pyproject.toml", "configs/default.yaml", "tests/conftest.py"):
         assert (dest / kept).is_file(), kept
     assert os.access(dest / ".ci" / "run", os.X_OK)
+    # the link that ships configs/ in the package stays a link (a copy would drift from configs/)
+    assert os.readlink(dest / "src" / "leafnet" / "configs") == "../../configs"
     assert sorted(p.name for p in (dest / "logs").iterdir()) == [".gitkeep"]
     assert sorted(p.name for p in (dest / "checkpoints").iterdir()) == [".gitkeep"]
     for absent in ("data", ".venv", ".pytest_cache", ".ruff_cache"):

@@ -81,6 +81,7 @@ def renamer(old: str, new: str) -> list[tuple[re.Pattern[str], str]]:
         (re.compile(rf"(?P<q>[\"']){o}(?P=q)"), rf"\g<q>{new}\g<q>"),  # "project": module/dist names
         (re.compile(rf"^{o}( = )", re.MULTILINE), rf"{new}\1"),  # pyproject [project.scripts] entry
         (re.compile(rf"^# {o}:", re.MULTILINE), f"# {new}:"),  # README title
+        (re.compile(rf"`{o}(?=[`\s])"), f"`{new}"),  # the console script in prose: `project`, `project fit`
     ]
 
 
@@ -132,8 +133,18 @@ def template_files(root: Path) -> list[str]:
         candidates = {os.fsdecode(p) for p in listed.stdout.split(b"\0") if p}
     else:  # not a git checkout (or a broken one): walk the tree
         candidates = set(_walk(root))
-    # a tracked file deleted in the working tree is not copied; links are copied as what they point to
-    return sorted(rel for rel in candidates if not excluded(rel) and (root / rel).is_file())
+    # a tracked file deleted in the working tree is not copied; a link into the template stays a link
+    # (src/<package>/configs -> ../../configs), others are copied as what they point to
+    return sorted(
+        rel
+        for rel in candidates
+        if not excluded(rel) and (internal_link(root / rel, root) or (root / rel).is_file())
+    )
+
+
+def internal_link(path: Path, root: Path) -> bool:
+    """`path` is a symbolic link to something inside `root`."""
+    return path.is_symlink() and path.resolve().is_relative_to(root.resolve())
 
 
 def _walk(root: Path) -> list[str]:
@@ -141,7 +152,8 @@ def _walk(root: Path) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         dirnames[:] = [d for d in dirnames if not excluded(os.path.normpath(os.path.join(rel_dir, d)))]
-        files += [os.path.normpath(os.path.join(rel_dir, f)).replace(os.sep, "/") for f in filenames]
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]  # not walked into
+        files += [os.path.normpath(os.path.join(rel_dir, f)).replace(os.sep, "/") for f in filenames + links]
     return files
 
 
@@ -202,6 +214,9 @@ def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE
         for rel in files:
             target = staging / re.sub(rf"^src/{re.escape(old)}/", f"src/{name}/", rel)
             target.parent.mkdir(parents=True, exist_ok=True)
+            if internal_link(root / rel, root):
+                target.symlink_to(os.readlink(root / rel))
+                continue
             data = (root / rel).read_bytes()
             try:
                 target.write_text(rename_text(data.decode("utf-8"), rules), encoding="utf-8")
