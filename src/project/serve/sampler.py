@@ -76,7 +76,7 @@ class Sampler:
 
     def stats(self) -> dict:
         return {
-            "folder": str(self.folder),
+            "folder": self.folder.name,  # never where it lives: /metrics is public
             "fraction": self.fraction,
             "max_bytes": self.max_bytes,
             "bytes": self.bytes,
