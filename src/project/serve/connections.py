@@ -12,7 +12,11 @@ subclass of uvicorn's own HTTP protocol adds, per connection:
 - a cap on the bytes received before the headers are complete (`max_header_bytes`): 431, closed;
 - a cap on open connections (`max_connections`): a new connection beyond it closes the one that
   has waited longest for its headers (an idle or slow client), or, when every connection is
-  working on a request, answers 503 with Retry-After and closes.
+  working on a request, answers 503 with Retry-After and closes;
+- a lingering close: when the app answers before the request's body has arrived (413, 503, 408)
+  and closes, the rest of the body is read and dropped for at most `header_timeout_s` first.
+  Closing a socket with unread data sends a reset, and a client still sending its body would
+  lose the answer with it (nginx's `lingering_close` does the same).
 
 What a connection does once its headers are complete is the app's business (body limits, read
 timeout); the protocol's parsing and flow control stay uvicorn's.
@@ -57,9 +61,11 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
         _timer: asyncio.TimerHandle | None = None
         _cycle: Any = None  # the request cycle when the wait began: a new one means headers arrived
         _received = 0
+        _lingering = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            self._raw = transport
+            super().connection_made(Lingering(transport, self))  # type: ignore[arg-type]
             if len(self.connections) > limits.max_connections and not self._evict_one():
                 message = (
                     f"The service has {limits.max_connections} open connections, all busy. "
@@ -70,6 +76,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self._wait_for_headers()
 
         def data_received(self, data: bytes) -> None:
+            if self._lingering:  # the rest of a refused body
+                return None
             if self._timer is None:
                 return super().data_received(data)
             self._received += len(data)
@@ -91,7 +99,23 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_waiting()
+            self._lingering = False
             super().connection_lost(exc)
+
+        def close_or_linger(self) -> None:
+            """Close; first read and drop the rest of a body the app answered without reading."""
+            cycle = self.cycle
+            if self._lingering or self._raw.is_closing():
+                return
+            if cycle is None or not cycle.more_body or cycle.disconnected:
+                self._stop_waiting()
+                self._raw.close()
+                return
+            self._stop_waiting()
+            self._lingering = True
+            self._timer = self.loop.call_later(limits.header_timeout_s, self._raw.close)
+            waiting[self] = None  # the first to go when the connections run out
+            self._raw.resume_reading()  # flow control may have paused it while the body queued
 
         def _wait_for_headers(self) -> None:
             self._stop_waiting()
@@ -107,14 +131,14 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         def _headers_late(self) -> None:
             self._timer = None
-            if self.transport.is_closing():
+            if self._raw.is_closing():
                 return
             if self._received:  # part of a request: say why it ends
                 seconds = f"{limits.header_timeout_s:g}"
                 self._refuse(408, f"The request headers did not arrive within {seconds} s.")
             else:  # idle: nobody waits for an answer
                 self._stop_waiting()
-                self.transport.close()
+                self._raw.close()
 
         def _evict_one(self) -> bool:
             """Close the connection that has waited longest for its headers; False when none waits."""
@@ -122,12 +146,29 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             if oldest is None:
                 return False
             oldest._stop_waiting()
-            oldest.transport.close()
+            oldest._raw.close()
             return True
 
         def _refuse(self, status: int, message: str) -> None:
             self._stop_waiting()
-            self.transport.write(refusal(status, message))
-            self.transport.close()
+            self._raw.write(refusal(status, message))
+            self._raw.close()
 
     return Guarded
+
+
+class Lingering:
+    """The transport uvicorn's protocol and request cycles see: close() may linger (see above)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: Any) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol.close_or_linger()
+
+    def is_closing(self) -> bool:
+        return self._protocol._lingering or self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
