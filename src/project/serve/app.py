@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from project.errors import UserError, user_message
-from project.serve import bodies
+from project.serve import bodies, memory
 from project.serve.batching import Batcher, Overloaded
 from project.serve.bodies import Limits, RequestError
 from project.serve.models import LoadedModel, ModelSlot
@@ -69,10 +69,13 @@ class BodyBudget:
     nothing) before reading, and gives it back when answered. Event-loop only, so no lock.
     """
 
+    TRIM_AFTER = 64 * 2**20  # bytes of bodies released before the heaps are trimmed, once none is held
+
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.held = 0
         self.refused = 0
+        self._released = 0
 
     def reserve(self, request: Request, limits: Limits) -> int:
         declared = request.headers.get("content-length", "")
@@ -93,6 +96,10 @@ class BodyBudget:
 
     def release(self, size: int) -> None:
         self.held -= size
+        self._released += size
+        if self.held == 0 and self._released >= self.TRIM_AFTER:  # a burst of large bodies has ended
+            self._released = 0
+            asyncio.get_running_loop().run_in_executor(None, memory.trim)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -27,7 +26,6 @@ from project.errors import UserError, user_message
 
 DESCRIPTION = "Serve an exported model over HTTP with dynamic batching (onnxruntime; no torch)."
 TOKEN_VARIABLE = "PROJECT_RELOAD_TOKEN"
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 RESERVED_FILES = 64  # descriptors beside the connections: listening socket, model files, samples, logs
 
 
@@ -165,27 +163,13 @@ def connection_cap(wanted: int) -> int:
     return max(1, min(wanted, soft - RESERVED_FILES))
 
 
-def return_freed_bodies() -> None:
-    """Make glibc give the memory of freed request bodies back to the system (Linux; elsewhere nothing).
-
-    glibc serves blocks over its mmap threshold with mmap, but raises the threshold to the size of
-    each such block freed (up to 32 MiB): after one large body, later ones come from the heap,
-    and a burst of them stays resident after it ends. A fixed threshold keeps every large body
-    a mapping of its own, unmapped when freed.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from project.serve.app import Settings, create_app
     from project.serve.bodies import Limits
     from project.serve.connections import ConnectionLimits, guarded_protocol
+    from project.serve.memory import return_freed_bodies
     from project.serve.models import ModelSlot
     from project.serve.sampler import Sampler
 
