@@ -553,6 +553,14 @@ def test_startup_errors_are_one_message(exports: Path, tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"Cannot keep samples in --sample_dir '.*file/samples'"):
         serve_main(["--model", str(exports / "latest.onnx"), "--sample_fraction", "0.1", "--sample_dir",
                     str(tmp_path / "file" / "samples")])  # fmt: skip
+    with pytest.raises(SystemExit, match=r"reload token \(--reload_token or \$PROJECT_RELOAD_TOKEN\) has 5"):
+        serve_main(["--model", str(exports / "latest.onnx"), "--reload_token", "short"])
+    with pytest.raises(
+        SystemExit, match=r"--max_body_memory_mb=10.0 is out of range: .* >= --max_body_mb \(20\)"
+    ):
+        serve_main(["--model", str(exports / "latest.onnx"), "--max_body_memory_mb", "10"])
+    with pytest.raises(SystemExit, match=r"--header_timeout=0.0 is out of range"):
+        serve_main(["--model", str(exports / "latest.onnx"), "--header_timeout", "0"])
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -749,3 +757,27 @@ def test_memory_of_a_burst_of_large_bodies_goes_back_to_the_system() -> None:
     assert run.returncode == 0, run.stderr
     whole, chunked = map(int, run.stdout.split())
     assert whole < 20 and chunked < 40
+
+
+CAP = """
+import resource
+from project.serve.command import connection_cap
+print(connection_cap(1000), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="setrlimit in the child")
+@pytest.mark.parametrize(("soft", "hard", "expected"), [(100, 100, "36 100"), (100, 4096, "1000 1064")])
+def test_connection_cap_fits_the_open_file_limit(soft: int, hard: int, expected: str) -> None:
+    """The soft limit is raised towards the hard one; where that is too low, fewer connections."""
+    import resource
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run(
+        [sys.executable, "-c", CAP],
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+    )
+    assert run.stdout.strip() == expected, run.stderr
