@@ -44,7 +44,8 @@ QUERY_KEYS = ("top_k",)  # what /predict reads from its query string; anything e
 # bare: answers keep the file names only
 QUOTED_FOLDERS = re.compile(r"(?<=')(?:[A-Za-z]:)?[/\\][^'\n]*[/\\](?=[^'/\\\n]*')")
 FOLDERS = re.compile(r"(?<![\w.~-])(?:[A-Za-z]:)?(?:[/\\][^\s'\"/\\:]+)+[/\\](?=[^\s'\"/\\])")
-# refusals that may leave a body unread: the connection closes instead of reading the rest
+# refusals that may leave a body unread: the connection closes, after the rest is read and dropped
+# (connections.py), instead of waiting for another request behind it
 CLOSING = (408, 413, 503)
 
 

@@ -135,7 +135,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
                 return
             if self._received:  # part of a request: say why it ends
                 seconds = f"{limits.header_timeout_s:g}"
-                self._refuse(408, f"The request headers did not arrive within {seconds} s.")
+                message = f"The request headers did not arrive within {seconds} s."
+                self._refuse(408, f"{message} Fix: send the request at once, or raise --header_timeout.")
             else:  # idle: nobody waits for an answer
                 self._stop_waiting()
                 self._raw.close()
