@@ -781,3 +781,19 @@ def test_connection_cap_fits_the_open_file_limit(soft: int, hard: int, expected:
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
     )
     assert run.stdout.strip() == expected, run.stderr
+
+
+def test_sampler_queue_holds_at_most_its_bytes(tmp_path: Path) -> None:
+    """Images waiting for a slow disk are bounded in bytes, not only in count: the rest are skipped."""
+    from project.serve.sampler import Sampler
+
+    sampler = Sampler(tmp_path, 1.0, 10**9, queue_size=64, max_queued_bytes=3 * 2**20)
+    disk = threading.Event()
+    write = sampler._write
+    sampler._write = lambda *item: (disk.wait(10), write(*item))  # type: ignore[method-assign]
+    for _ in range(10):
+        sampler.offer(bytes(2**20), "PNG", {"n": 1})
+    assert sampler.skipped_busy == 7
+    disk.set()
+    sampler.close()
+    assert sampler.written == 3 and sampler._queued_bytes == 0
