@@ -1,21 +1,25 @@
 """The HTTP routes: POST /predict, POST /reload, GET /health, /metadata and /metrics.
 
-A /predict request reads its body on the event loop (within the limits), decodes and
-preprocesses it in a thread pool (Pillow releases the GIL, so decoding overlaps with other
-requests and with the model), then waits for its place in a batch. Every refusal is a JSON
-`{"error": ...}` with a 4xx status; nothing a client sends stops the service.
+A /predict request reads its body on the event loop (within the limits and the shared budget of
+body memory), decodes and preprocesses it in a thread pool (Pillow releases the GIL, so decoding
+overlaps with other requests and with the model), then waits for its place in a batch. Every
+refusal is a JSON `{"error": ...}` with a 4xx or 503 status; nothing a client sends stops the
+service. POST /reload needs the reload token; no answer names a folder of the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import re
 import signal
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -25,7 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from project.errors import UserError, user_message
-from project.serve import bodies
+from project.serve import bodies, memory
 from project.serve.batching import Batcher, Overloaded
 from project.serve.bodies import Limits, RequestError
 from project.serve.models import LoadedModel, ModelSlot
@@ -34,6 +38,15 @@ from project.serve.sampler import Sampler
 log = logging.getLogger("uvicorn.error")
 # what signal handlers raise off the main thread (an embedding test client) or on Windows
 NO_SIGNALS = (ValueError, RuntimeError, NotImplementedError, AttributeError)
+MAX_TOP_K = 1000
+QUERY_KEYS = ("top_k",)  # what /predict reads from its query string; anything else is a mistake
+# the folders of absolute paths (POSIX or Windows) in error messages, quoted (spaces allowed) or
+# bare: answers keep the file names only
+QUOTED_FOLDERS = re.compile(r"(?<=')(?:[A-Za-z]:)?[/\\][^'\n]*[/\\](?=[^'/\\\n]*')")
+FOLDERS = re.compile(r"(?<![\w.~-])(?:[A-Za-z]:)?(?:[/\\][^\s'\"/\\:]+)+[/\\](?=[^\s'\"/\\])")
+# refusals that may leave a body unread: the connection closes, after the rest is read and dropped
+# (connections.py), instead of waiting for another request behind it
+CLOSING = (408, 413, 503)
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,50 @@ class Settings:
     max_pending: int
     decode_threads: int
     limits: Limits
+    max_body_memory: int = 256 * 2**20  # bytes of request bodies held at once, all requests together
+    reload_token: str | None = None  # POST /reload is refused without one
+    api_docs: bool = False  # /docs and /openapi.json
+
+
+class BodyBudget:
+    """Bytes of request bodies held at once, summed over all requests; beyond it a request gets 503.
+
+    Per-request limits do not bound the sum: 50 concurrent 19 MB bodies held 3.5 GB. Each request
+    reserves what its Content-Length declares (the most a chunked body may hold, when it declares
+    nothing) before reading, and gives it back when answered. Event-loop only, so no lock.
+    """
+
+    TRIM_AFTER = 64 * 2**20  # bytes of bodies released before the heaps are trimmed, once none is held
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+        self.refused = 0
+        self._released = 0
+
+    def reserve(self, request: Request, limits: Limits) -> int:
+        declared = request.headers.get("content-length", "")
+        size = int(declared) if declared.isascii() and declared.isdigit() and len(declared) < 19 else None
+        if size is not None and size > limits.max_body_bytes:
+            return 0  # refused with 413 when read, before any of it is kept
+        size = limits.max_body_bytes if size is None else size
+        if self.held + size > self.max_bytes:
+            self.refused += 1
+            raise RequestError(
+                503,
+                f"The service holds {self.held} bytes of request bodies; {size} more would pass "
+                f"its budget of {self.max_bytes}.",
+                "retry after a second (or raise --max_body_memory_mb).",
+            )
+        self.held += size
+        return size
+
+    def release(self, size: int) -> None:
+        self.held -= size
+        self._released += size
+        if self.held == 0 and self._released >= self.TRIM_AFTER:  # a burst of large bodies has ended
+            self._released = 0
+            asyncio.get_running_loop().run_in_executor(None, memory.trim)
 
 
 @dataclass(frozen=True)
@@ -77,11 +134,34 @@ def prepare(data: bytes, model: LoadedModel, max_pixels: int) -> Prepared:
     return Prepared(model, model.classifier.preprocess(image), image.width, image.height, image_format)
 
 
-def parse_top_k(raw: str | None, default: int) -> int:
-    if raw is None:
+def parse_top_k(query: Sequence[tuple[str, str]], default: int) -> int:
+    """?top_k= as 1 to MAX_TOP_K in ASCII digits; 400 for anything else in the query string."""
+    unknown = sorted({key for key, _ in query if key not in QUERY_KEYS})
+    if unknown:
+        shown = ", ".join(repr(key[:40]) for key in unknown[:5])
+        raise RequestError(
+            400, f"Unknown query parameter {shown}.", "pass only ?top_k=N, e.g. /predict?top_k=3."
+        )
+    values = [value for _, value in query]
+    if not values:
         return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise RequestError(400, f"top_k={raw!r} is not a whole number >= 1.", "pass e.g. /predict?top_k=3.")
+    raw = values[0]
+    # str.isdigit() also accepts superscripts that int() refuses, and int() of 5,000 digits raises
+    if (
+        len(values) > 1
+        or not (raw.isascii() and raw.isdigit() and len(raw) <= 4)
+        or not 1 <= int(raw) <= MAX_TOP_K
+    ):
+        shown = (
+            repr(raw[:20] + ("..." if len(raw) > 20 else ""))
+            if len(values) == 1
+            else f"given {len(values)} times"
+        )
+        raise RequestError(
+            400,
+            f"top_k {shown} is not one whole number from 1 to {MAX_TOP_K}.",
+            "pass e.g. /predict?top_k=3.",
+        )
     return int(raw)
 
 
@@ -99,11 +179,24 @@ def answer(model: LoadedModel, probabilities: np.ndarray, top_k: int, batch_size
     return result
 
 
+def without_folders(text: str) -> str:
+    """`text` with the folders of absolute paths removed: answers name files, never where they live."""
+    return FOLDERS.sub("", QUOTED_FOLDERS.sub("", text))
+
+
+def public_sidecar(meta: dict) -> dict:
+    """The export's sidecar without the checkpoint's path (its sha256 still identifies it)."""
+    source = meta.get("source_checkpoint")
+    if not isinstance(source, dict):
+        return meta
+    return {**meta, "source_checkpoint": {k: v for k, v in source.items() if k != "path"}}
+
+
 def metadata(model: LoadedModel, settings: Settings) -> dict:
     classifier = model.classifier
     return {
         "version": model.version,
-        "model": str(model.path),
+        "model": Path(model.path).name,
         "loaded_at": model.loaded_at,
         "class_names": classifier.class_names,
         "image_size": classifier.size,
@@ -111,7 +204,7 @@ def metadata(model: LoadedModel, settings: Settings) -> dict:
         "input": "an image file (JPEG, PNG, BMP, GIF, TIFF, WebP, PPM): raw body or multipart field 'file'",
         "batching": {"max_batch_size": settings.max_batch_size, "max_wait_ms": settings.max_wait_ms},
         "limits": asdict(settings.limits),
-        "sidecar": classifier.meta,
+        "sidecar": public_sidecar(classifier.meta),
     }
 
 
@@ -138,6 +231,22 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> J
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
+def authorized(request: Request, token: str | None) -> None:
+    """Nothing when the request carries the reload token; RequestError 403 (none set) or 401 otherwise."""
+    if token is None:
+        raise RequestError(
+            403,
+            "POST /reload is off: the service was started without a reload token.",
+            "reload with SIGHUP (kill -HUP <pid>), or start serve with PROJECT_RELOAD_TOKEN=<secret> "
+            "(or --reload_token) and send the header 'Authorization: Bearer <secret>'.",
+        )
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise RequestError(
+            401, "POST /reload needs the reload token.", "send the header 'Authorization: Bearer <token>'."
+        )
+
+
 def create_app(
     slot: ModelSlot, settings: Settings, sampler: Sampler | None = None, banner: str = ""
 ) -> FastAPI:
@@ -147,16 +256,21 @@ def create_app(
     )
     decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="decode")
     statuses: Counter[int] = Counter()
+    budget = BodyBudget(settings.max_body_memory)
     background: set[asyncio.Task] = set()
 
     async def reload() -> dict:
+        if slot.reloading:  # each reload loads a model: queued ones would starve the predictions
+            raise RequestError(
+                429, "A reload is already in progress.", "retry after it ends (a few seconds)."
+            )
         before = slot.current.version
         try:
             old, new = await slot.reload()
         except UserError as e:
             message = f"Reload failed; still serving version {before}. {user_message(e)}"
-            log.error("%s", message)
-            raise RequestError(500, message) from e
+            log.error("%s", message)  # the full paths stay in the server's log
+            raise RequestError(500, without_folders(message)) from e
         log.info("Reloaded %s: version %s -> %s", slot.model, old.version, new.version)
         return {
             "version": new.version,
@@ -166,8 +280,11 @@ def create_app(
 
     def on_sighup() -> None:
         async def reload_logged() -> None:
-            with suppress(RequestError):  # reload() logged it; there is no client to answer
+            try:
                 await reload()
+            except RequestError as e:  # reload() logged a failure; there is no client to answer
+                if e.status == 429:
+                    log.warning("SIGHUP ignored: a reload is already in progress")
 
         task = asyncio.get_running_loop().create_task(reload_logged())
         background.add(task)  # the loop keeps only weak references to tasks
@@ -191,12 +308,18 @@ def create_app(
             if sampler is not None:
                 await asyncio.to_thread(sampler.close)
 
-    app = FastAPI(title="Image classification service", lifespan=lifespan)
+    docs = {} if settings.api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="Image classification service", lifespan=lifespan, **docs)
     app.add_middleware(StatusCounter, counts=statuses)
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, e: RequestError) -> JSONResponse:
-        return error(e.status, str(e), {"Retry-After": "1"} if e.status == 503 else None)
+        headers = {"Retry-After": "1"} if e.status in (429, 503) else {}
+        if e.status in CLOSING:
+            headers["Connection"] = "close"
+        if e.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        return error(e.status, str(e), headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
@@ -212,7 +335,14 @@ def create_app(
 
     @app.post("/predict")
     async def predict(request: Request) -> JSONResponse:
-        top_k = parse_top_k(request.query_params.get("top_k"), settings.top_k)
+        top_k = parse_top_k(request.query_params.multi_items(), settings.top_k)
+        reserved = budget.reserve(request, settings.limits)
+        try:
+            return await predict_within_budget(request, top_k)
+        finally:
+            budget.release(reserved)
+
+    async def predict_within_budget(request: Request, top_k: int) -> JSONResponse:
         loop = asyncio.get_running_loop()
         with batcher.arriving():
             data = await bodies.image_bytes(request, settings.limits)
@@ -229,7 +359,8 @@ def create_app(
         return JSONResponse(result)
 
     @app.post("/reload")
-    async def reload_route() -> dict:
+    async def reload_route(request: Request) -> dict:
+        authorized(request, settings.reload_token)
         return await reload()
 
     @app.get("/health")
@@ -250,6 +381,8 @@ def create_app(
             "batched_images": sum(size * n for size, n in sizes.items()),
             "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
             "pending": batcher.pending,
+            "body_bytes_held": budget.held,
+            "refused_over_body_budget": budget.refused,
             "reloads": slot.reloads,
             "failed_reloads": slot.failed_reloads,
             "sampler": sampler.stats() if sampler is not None else None,

@@ -4,11 +4,15 @@ The socket is bound here, before anything starts, so that a port in use is one c
 `--port 0` (any free port) works: the first line printed names the address actually served.
 SIGTERM or Ctrl-C stops accepting connections, lets the requests in progress finish (at most
 `--shutdown_timeout` seconds), writes the queued samples and exits with status 0.
+
+The connection limits (header time and size, open connections) are applied by a subclass of
+uvicorn's HTTP protocol (connections.py), the body limits by the app (bodies.py, app.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -21,6 +25,8 @@ from project.config_checks import positive_int, require
 from project.errors import UserError, user_message
 
 DESCRIPTION = "Serve an exported model over HTTP with dynamic batching (onnxruntime; no torch)."
+TOKEN_VARIABLE = "PROJECT_RELOAD_TOKEN"
+RESERVED_FILES = 64  # descriptors beside the connections: listening socket, model files, samples, logs
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,6 +57,30 @@ def parser() -> argparse.ArgumentParser:
     limits.add_argument("--max_pixels", type=int, default=40_000_000, help="largest image (width x height)")
     limits.add_argument("--read_timeout", type=float, default=30.0, help="seconds a client may take to send")
     limits.add_argument("--shutdown_timeout", type=int, default=10, help="seconds to finish requests on stop")
+    limits.add_argument(
+        "--max_body_memory_mb", type=float, default=256.0, help="request bodies held at once, all together"
+    )
+    limits.add_argument(
+        "--header_timeout", type=float, default=10.0, help="seconds a client may take to send its headers"
+    )
+    limits.add_argument("--max_header_kb", type=float, default=64.0, help="largest request line + headers")
+    limits.add_argument(
+        "--keep_alive", type=float, default=5.0, help="seconds an idle connection stays open between requests"
+    )
+    limits.add_argument(
+        "--max_connections",
+        type=int,
+        default=1000,
+        help="open connections; beyond, the longest-idle one is closed, or 503 (fits ulimit -n)",
+    )
+    access = p.add_argument_group("access")
+    access.add_argument(
+        "--reload_token",
+        default=os.environ.get(TOKEN_VARIABLE) or None,
+        help=f"secret that POST /reload must send as 'Authorization: Bearer ...' "
+        f"(default: ${TOKEN_VARIABLE}; unset: only SIGHUP reloads)",
+    )
+    access.add_argument("--api_docs", action="store_true", help="serve /docs and /openapi.json")
     sampling = p.add_argument_group("input sampling (for data drift)")
     sampling.add_argument("--sample_fraction", type=float, default=0.0, help="share of requests kept, 0-1")
     sampling.add_argument("--sample_dir", default=None, help="folder for the kept images and answers")
@@ -61,14 +91,34 @@ def parser() -> argparse.ArgumentParser:
 
 def check(args: argparse.Namespace) -> None:
     """Ranges the types cannot express; UserError naming the flag."""
-    for name in ("top_k", "max_batch_size", "max_pending", "decode_threads"):
+    for name in ("top_k", "max_batch_size", "max_pending", "decode_threads", "max_connections"):
         positive_int(name, getattr(args, name))
     if args.threads is not None:
         positive_int("threads", args.threads)
     require(0 <= args.port <= 65535, "port", args.port, "a port number from 0 to 65535")
     require(args.max_wait_ms >= 0, "max_wait_ms", args.max_wait_ms, "a number of milliseconds >= 0")
-    for name in ("max_body_mb", "read_timeout", "sample_max_mb"):
+    for name in (
+        "max_body_mb",
+        "read_timeout",
+        "sample_max_mb",
+        "header_timeout",
+        "max_header_kb",
+        "keep_alive",
+    ):
         require(getattr(args, name) > 0, name, getattr(args, name), "a number > 0")
+    require(
+        args.max_body_memory_mb >= args.max_body_mb,
+        "max_body_memory_mb",
+        args.max_body_memory_mb,
+        f"a number >= --max_body_mb ({args.max_body_mb:g}), so that one largest body fits",
+    )
+    if args.reload_token is not None and len(args.reload_token) < 16:
+        raise UserError(
+            f"The reload token (--reload_token or ${TOKEN_VARIABLE}) has {len(args.reload_token)} characters;"
+            " a short one can be guessed.",
+            "use at least 16 random characters, e.g. "
+            'python -c "import secrets; print(secrets.token_urlsafe())".',
+        )
     require(args.max_pixels >= 1, "max_pixels", args.max_pixels, "an integer >= 1")
     require(args.shutdown_timeout >= 0, "shutdown_timeout", args.shutdown_timeout, "an integer >= 0")
     require(0 <= args.sample_fraction <= 1, "sample_fraction", args.sample_fraction, "a number from 0 to 1")
@@ -91,21 +141,57 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def connection_cap(wanted: int) -> int:
+    """`wanted`, or fewer where the open-file limit cannot hold that many connections beside the rest.
+
+    Past the limit accept() fails and every new connection, good ones included, is reset; the soft
+    limit is raised towards the hard one first (the usual 1,024 is often far below it).
+    """
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to fit
+        return wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = wanted + RESERVED_FILES
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - RESERVED_FILES))
+
+
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from project.serve.app import Settings, create_app
     from project.serve.bodies import Limits
+    from project.serve.connections import ConnectionLimits, guarded_protocol
+    from project.serve.memory import return_freed_bodies
     from project.serve.models import ModelSlot
     from project.serve.sampler import Sampler
 
+    return_freed_bodies()
     slot = ModelSlot(Path(args.model), args.threads)
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     limits = Limits(round(args.max_body_mb * 2**20), args.max_pixels, args.read_timeout)
     settings = Settings(
-        args.top_k, args.max_batch_size, args.max_wait_ms, args.max_pending, args.decode_threads, limits
+        args.top_k,
+        args.max_batch_size,
+        args.max_wait_ms,
+        args.max_pending,
+        args.decode_threads,
+        limits,
+        max_body_memory=round(args.max_body_memory_mb * 2**20),
+        reload_token=args.reload_token,
+        api_docs=args.api_docs,
     )
+    max_header_bytes = round(args.max_header_kb * 1024)
+    max_connections = connection_cap(args.max_connections)
+    connection_limits = ConnectionLimits(args.header_timeout, max_header_bytes, max_connections)
     sampler = None
     if args.sample_fraction > 0:
         max_bytes = round(args.sample_max_mb * 2**20)
@@ -121,12 +207,23 @@ def serve(args: argparse.Namespace) -> None:
         f"Serving {args.model} (version {slot.current.version}) on http://{shown}:{port} "
         f"(max batch {args.max_batch_size}, max wait {args.max_wait_ms:g} ms). Stop with Ctrl-C or SIGTERM."
     )
+    if max_connections < args.max_connections:
+        banner += (
+            f"\nAt most {max_connections} open connections, not --max_connections "
+            f"{args.max_connections}: the open-file limit (ulimit -n) is lower."
+        )
     app = create_app(slot, settings, sampler, banner)
+    # no limit_concurrency: it counts idle connections too, so a slow client flood would refuse
+    # every good request; the protocol's cap closes the idle ones instead (connections.py)
     config = uvicorn.Config(
         app,
+        http=guarded_protocol(connection_limits),
         log_level="info",
         access_log=args.access_log,
         timeout_graceful_shutdown=args.shutdown_timeout,
+        timeout_keep_alive=args.keep_alive,  # type: ignore[arg-type]  # a float works: call_later
+        h11_max_incomplete_event_size=max_header_bytes,  # where h11 parses (no httptools)
+        server_header=False,
         lifespan="on",
     )
     # uvicorn re-raises the stop signal after its graceful shutdown; with these handlers (its

@@ -66,6 +66,10 @@ class ModelSlot:
         self.failed_reloads = 0
         self._lock = asyncio.Lock()  # two reloads at once would load the same file twice
 
+    @property
+    def reloading(self) -> bool:
+        return self._lock.locked()
+
     async def reload(self) -> tuple[LoadedModel, LoadedModel]:
         """(old, new) after loading `model` again; on UserError the current model stays."""
         async with self._lock:

@@ -5,8 +5,9 @@ received (`.jpg`, `.png`, ...) and a `.json` record (time, model version, image 
 Both are written atomically, image first, so a `.json` means a complete sample. The folder is
 bounded: past `max_bytes` the oldest samples are deleted, so it always holds the latest traffic,
 which is what a comparison with the training data needs. Only files named like samples are ever
-deleted. Writing happens in a thread of its own behind a short queue; when the queue is full the
-sample is skipped (and counted), never waited for.
+deleted. Writing happens in a thread of its own behind a short queue, bounded in items and in
+bytes (the images it holds are no longer counted by the service's body budget); when it is full
+the sample is skipped (and counted), never waited for.
 """
 
 from __future__ import annotations
@@ -40,7 +41,14 @@ EXTENSIONS = {
 class Sampler:
     """Store `fraction` of the offered requests in `folder`, at most `max_bytes` of them, oldest dropped."""
 
-    def __init__(self, folder: Path, fraction: float, max_bytes: int, queue_size: int = 64) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        fraction: float,
+        max_bytes: int,
+        queue_size: int = 64,
+        max_queued_bytes: int = 64 * 2**20,
+    ) -> None:
         self.folder = folder
         self.fraction = fraction
         self.max_bytes = max_bytes
@@ -54,6 +62,9 @@ class Sampler:
         self._sequence = 0
         self._random = random.Random()
         self._queue: queue.Queue[tuple | None] = queue.Queue(queue_size)
+        self.max_queued_bytes = max_queued_bytes
+        self._queued_bytes = 0  # images offered and not yet written
+        self._queued_lock = threading.Lock()
         self._thread = threading.Thread(target=self._work, name="sampler", daemon=True)
         self._thread.start()
 
@@ -61,10 +72,17 @@ class Sampler:
         """Keep this request with probability `fraction`; returns at once whatever happens."""
         if self._random.random() >= self.fraction:
             return
+        with self._queued_lock:
+            if self._queued_bytes + len(image) > self.max_queued_bytes:
+                self.skipped_busy += 1  # the disk is slower than the traffic: skip rather than hold
+                return
+            self._queued_bytes += len(image)
         try:
             self._queue.put_nowait((time.time(), image, image_format, record))
         except queue.Full:  # the disk is slower than the traffic: skip rather than slow requests
             self.skipped_busy += 1
+            with self._queued_lock:
+                self._queued_bytes -= len(image)
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued (for at most `timeout` seconds), then stop the thread."""
@@ -76,7 +94,7 @@ class Sampler:
 
     def stats(self) -> dict:
         return {
-            "folder": str(self.folder),
+            "folder": self.folder.name,  # never where it lives: /metrics is public
             "fraction": self.fraction,
             "max_bytes": self.max_bytes,
             "bytes": self.bytes,
@@ -107,6 +125,9 @@ class Sampler:
                     log.warning(
                         "Sampler: cannot write to %s (%s); later failures are only counted", self.folder, e
                     )
+            finally:
+                with self._queued_lock:
+                    self._queued_bytes -= len(item[1])
 
     def _write(self, when: float, image: bytes, image_format: str | None, record: dict) -> None:
         self._sequence = (self._sequence + 1) % 1_000_000
