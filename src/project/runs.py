@@ -74,6 +74,14 @@ def fit_run_name(name: str | None, ckpt_path: str | None) -> str:
     return name
 
 
+def debug_run_name(name: str | None, ckpt_path: str | None) -> str:
+    """A `fast_dev_run` fit writes nothing, so it claims no run (no lock file); it may read one to resume."""
+    check_run_name(name)
+    if ckpt_path == "last":
+        return name or newest_run()
+    return name or (run_of_checkpoint(ckpt_path) if ckpt_path else None) or "fast_dev_run"
+
+
 def _refuse_used(name: str) -> None:
     if _used(name):
         unlock_run(name)
