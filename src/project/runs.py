@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
@@ -148,9 +149,11 @@ def _try_lock(name: str) -> bool:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # EAGAIN or EACCES: another process holds it
+    except OSError as e:
         os.close(fd)
-        return False
+        if e.errno in (errno.EAGAIN, errno.EACCES):  # another process holds it
+            return False
+        raise
     os.ftruncate(fd, 0)
     os.pwrite(
         fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode(), 0
