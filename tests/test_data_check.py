@@ -81,3 +81,35 @@ def test_the_check_can_be_turned_off(
     caplog.set_level(logging.INFO)
     assert run_cli("fit", *fast_args(shapes_root, "--data_check.enabled=false")) == 0
     assert "Data check" not in caplog.text
+
+
+def test_labels_of_shape_n_by_1_are_named_by_their_shape() -> None:
+    images = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8)
+    labels = (torch.arange(16) % 4)[:, None]
+    with pytest.raises(
+        UserError, match=r"has labels of shape \[N, 1\]; class indices of shape \[N\] expected"
+    ) as e:
+        fit(images, labels, num_classes=4)
+    assert "outside" not in str(e.value) and "squeeze(1)" in str(e.value)
+
+
+def test_one_hot_integer_labels_are_named_one_hot() -> None:
+    one_hot = torch.nn.functional.one_hot(torch.arange(8) % 4, 4)
+    with pytest.raises(
+        UserError, match=r"shape \[N, 4\] that look one-hot.*Fix: turn them into .*argmax.*multilabel"
+    ):
+        check_labels(one_hot, 4, "The first training batch")
+    with pytest.raises(UserError, match=r"shape \[N, 3\]; class indices of shape \[N\] expected"):
+        check_labels(torch.zeros(8, 3, dtype=torch.long), 4, "The first training batch")
+
+
+def test_multi_label_targets_are_checked_as_multi_hot_rows() -> None:
+    multi_hot = torch.tensor([[1, 0, 1, 1], [0, 0, 0, 0]], dtype=torch.uint8)
+    for targets in (multi_hot, multi_hot.float(), multi_hot.numpy()):
+        check_labels(targets, 4, "The train split", "multilabel")  # passes
+    with pytest.raises(
+        UserError, match=r"shape \[2, 3\]; a multi-label model with 4 classes expects .*\[N, 4\]"
+    ):
+        check_labels(multi_hot[:, :3], 4, "The train split", "multilabel")
+    with pytest.raises(UserError, match=r"1 multi-label target\(s\) outside \[0, 1\]: \[2\]"):
+        check_labels(multi_hot + torch.eye(2, 4, dtype=torch.uint8), 4, "The train split", "multilabel")

@@ -9,6 +9,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from project import runs
+from project.errors import UserError
 from tests.conftest import fast_args, run_cli
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "trainer"
@@ -69,3 +71,14 @@ def test_two_seeded_runs_are_identical(workdir: Path, shapes_root: Path) -> None
     assert not all(torch.equal(a[k], c[k]) for k in a)  # the seed matters: the comparison can fail
     for tag in ("train/loss", "val/loss", "val/acc"):
         assert scalars(workdir / "logs" / "a", tag) == scalars(workdir / "logs" / "b", tag)
+
+
+def test_debug_writes_nothing_and_is_never_resumed(workdir: Path, shapes_root: Path) -> None:
+    flags = [f for f in preset("debug", shapes_root) if f != "--export_best.enabled=false"]  # its own switch
+    assert run_cli("fit", *flags, "--name=d") == 0
+    written = [str(p.relative_to(workdir)) for p in workdir.rglob("*") if p.is_file()]
+    assert written == []  # no checkpoint, log, config, export or lock file
+    assert run_cli("fit", *flags) == 0  # a time-stamped debug run: the same
+    assert [p for p in workdir.rglob("*") if p.is_file()] == []
+    with pytest.raises(UserError, match="there is no run to resume"):
+        runs.fit_run_name(None, "last")  # `--ckpt_path last` never picks a debug run

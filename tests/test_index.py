@@ -65,3 +65,32 @@ def test_list_images_skips_hidden_folders(tmp_path: Path) -> None:
     write_image(tmp_path / ".cache" / "x.png")
     write_image(tmp_path / "y.png")
     assert list_images(tmp_path) == ["y.png"]
+
+
+def test_folder_links_into_the_data_are_skipped_with_a_warning(tmp_path: Path) -> None:
+    for name in ("circle/1.png", "circle/2.png", "square/1.png", "outside/extra/1.png"):
+        write_image(tmp_path / name)
+    root = tmp_path / "train"
+    root.mkdir()
+    (root / "circle").symlink_to(tmp_path / "circle")  # a class folder may itself be a link
+    (root / "square").symlink_to(tmp_path / "square")
+    (root / "circle" / "loop").symlink_to("..")  # around the data folder: a loop
+    (root / "circle" / "again").symlink_to(tmp_path / "circle")  # its own class again
+    (root / "circle" / "squares").symlink_to(tmp_path / "square")  # another class
+    (root / "square" / "extra").symlink_to(tmp_path / "outside" / "extra")  # new images outside: kept
+    (root / "square" / "extra2").symlink_to(tmp_path / "outside")  # around what was just followed
+    with pytest.warns(UserWarning) as caught:
+        index = scan_folder(root)
+    expected = ["circle/1.png", "circle/2.png", "square/1.png", "square/extra/1.png"]
+    assert [p.decode() for p in index.paths] == expected
+    assert index.labels.tolist() == [0, 0, 1, 1]
+    skipped = sorted(str(w.message).split("'")[1].rsplit("/", 1)[1] for w in caught)
+    assert skipped == ["again", "extra2", "loop", "squares"]
+    assert all("already indexed" in str(w.message) for w in caught)
+
+
+def test_list_images_does_not_loop_through_a_link_to_itself(tmp_path: Path) -> None:
+    write_image(tmp_path / "a" / "1.png")
+    (tmp_path / "a" / "self").symlink_to(tmp_path / "a")
+    with pytest.warns(UserWarning, match=r"Skipped the folder link '.*a/self'"):
+        assert list_images(tmp_path) == ["a/1.png"]

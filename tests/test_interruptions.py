@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import project
+from project import runs
 from tests.conftest import fast_args, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,3 +92,46 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path: Path, shapes_
         soak.compare(trial, tmp_path / "checkpoints" / trial.name, reference)
         assert trial.ok, trial.problems
         assert (trial.kills, trial.resumes, trial.lost) == (1, 1, 0)
+
+
+def live_children(pid: int) -> list[int]:
+    """Running (not zombie) child processes of `pid`, read from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except OSError:  # ended meanwhile
+            continue
+        if ppid == str(pid) and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def is_running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_resume_at_once_after_sigkill_while_loader_workers_live_on(workdir: Path, shapes_root: Path) -> None:
+    name = "killed"
+    args = fast_args(shapes_root, f"--name={name}", SMALL, "--trainer.max_epochs=100", "--data.num_workers=2")
+    proc = start_fit(workdir, *args)
+    run = workdir / "checkpoints" / name
+    wait_for(run / "last.ckpt", proc)  # epoch 0 is done: the persistent loader workers are up
+    deadline = time.monotonic() + 60
+    while len(workers := live_children(proc.pid)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "no loader workers"
+        time.sleep(0.05)
+    proc.kill()  # kill -9 of the fit alone, as the OOM killer or a scheduler does: its workers live on
+    proc.wait()
+    assert runs.fit_run_name(name, "last") == name  # at once, not refused for the dead process
+    assert any(map(is_running, workers))  # (they notice the parent is gone within 5 s)
+    runs.unlock_run(name)
+    epochs = torch.load(run / "last.ckpt", weights_only=True)["epoch"] + 2
+    resume = fast_args(
+        shapes_root, f"--name={name}", SMALL, "--ckpt_path=last", f"--trainer.max_epochs={epochs}"
+    )
+    assert run_cli("fit", *resume) == 0
+    assert torch.load(run / "last.ckpt", weights_only=True)["epoch"] == epochs - 1

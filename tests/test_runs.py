@@ -13,6 +13,7 @@ import pytest
 
 import project
 from project import runs
+from project.errors import UserError
 from tests.conftest import fast_args, run_cli
 
 HOLD = """
@@ -72,3 +73,81 @@ def test_two_new_runs_in_the_same_second_get_different_names(workdir: Path, hold
     monkeypatch.setattr(time, "strftime", lambda *args: "20260101-000000")
     holder("20260101-000000")
     assert runs.new_run_name() == "20260101-000000-1"
+
+
+HOLD_AND_FORK = """
+import os, sys, time
+from project.runs import lock_run
+lock_run(sys.argv[1])
+child = os.fork()  # as a DataLoader starts its workers
+if child == 0:
+    time.sleep(600)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_lock_is_not_shared_with_forked_children(workdir: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(project.__file__).resolve().parents[1])}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", HOLD_AND_FORK, "forked"],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(parent.stdout.readline())
+    try:
+        with pytest.raises(UserError, match=f"Run 'forked' is being written by process {parent.pid} on "):
+            runs.lock_run("forked")  # a second live process is refused
+        parent.send_signal(signal.SIGKILL)  # the child lives on, as loader workers outlive a killed fit
+        parent.wait()
+        os.kill(child, 0)  # still running
+        runs.lock_run("forked")  # free at once all the same
+        assert f"process {os.getpid()} on " in (workdir / "logs" / "forked" / ".lock").read_text()
+    finally:
+        runs.unlock_run("forked")
+        os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("name", ["../../outside", "/tmp/absolute-run", "a/b", "a\\b", "..", ".", "", "a\0b"])
+def test_a_run_name_is_one_folder_name(workdir: Path, name: str) -> None:
+    with pytest.raises(UserError, match=r"^--name=.* is not a run name: it must be one folder name") as e:
+        runs.fit_run_name(name, None)
+    assert f"--name={name!r}" in str(e.value) and " Fix: pick a plain name such as --name=" in str(e.value)
+    with pytest.raises(UserError, match="is not a run name"):
+        runs.eval_run_name(name, "checkpoints/r/last.ckpt")
+
+
+@pytest.mark.parametrize("name", ["../../outside", "ABSOLUTE"])
+def test_a_run_name_out_of_the_project_writes_nothing(
+    workdir: Path, shapes_root: Path, name: str, capsys
+) -> None:
+    absolute = workdir.parent / "absolute"
+    name = name.replace("ABSOLUTE", str(absolute))
+    assert run_cli("fit", *fast_args(shapes_root, f"--name={name}")) == 2
+    err = capsys.readouterr().err
+    assert f"error: --name={name!r} is not a run name" in err and "Fix: pick a plain name" in err
+    assert list(workdir.iterdir()) == []  # nothing written, inside or outside the project
+    assert not (workdir.parent / "outside").exists() and not absolute.exists()  # logs/../../outside
+
+
+def test_a_refused_existing_name_leaves_nothing_behind(workdir: Path, shapes_root: Path, capsys) -> None:
+    old = workdir / "checkpoints" / "old" / "epoch=000-val_acc=0.5000.ckpt"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"a checkpoint")
+    logged = workdir / "logs" / "logged" / "events.out"
+    logged.parent.mkdir(parents=True)
+    logged.write_bytes(b"events")
+    for name in ("old", "logged"):
+        assert run_cli("fit", *fast_args(shapes_root, f"--name={name}")) == 2
+        assert f"Run '{name}' already exists" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*")) == [
+        "checkpoints",
+        "checkpoints/old",
+        "checkpoints/old/epoch=000-val_acc=0.5000.ckpt",
+        "logs",
+        "logs/logged",
+        "logs/logged/events.out",
+    ]

@@ -32,7 +32,7 @@ from project.config_checks import check_cli_config
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError, user_message
 from project.model import ImageClassifier
-from project.runs import CHECKPOINTS, eval_run_name, fit_run_name, newest_run
+from project.runs import CHECKPOINTS, debug_run_name, eval_run_name, fit_run_name, newest_run
 from project.trainer import Trainer
 
 # Subcommands that evaluate a trained model: its classes, image size and data settings come from
@@ -156,14 +156,18 @@ class ProjectCLI(LightningCLI):
                 f"Checkpoint '{config.ckpt_path}' (--ckpt_path) does not exist.",
                 f"pass a .ckpt file (runs keep them in {CHECKPOINTS}/<run>/), or `last` to resume.",
             )
-        if self.subcommand == "fit":
+        debug = self.subcommand == "fit" and bool(config.trainer.fast_dev_run)
+        if debug:  # writes nothing; Lightning 2.6 saves `last` at the end even under fast_dev_run
+            config.checkpoint.save_last = False
+            config.name = debug_run_name(config.name, config.ckpt_path)
+        elif self.subcommand == "fit":
             config.name = fit_run_name(config.name, config.ckpt_path)
         else:
             config.name = eval_run_name(config.name, config.ckpt_path)
             self.save_config_kwargs["config_filename"] = f"{self.subcommand}-config.yaml"
         if config.checkpoint.dirpath is None:
             config.checkpoint.dirpath = str(CHECKPOINTS / config.name)
-        if self.subcommand == "fit" and os.environ.get("LOCAL_RANK", "0") == "0":
+        if self.subcommand == "fit" and not debug and os.environ.get("LOCAL_RANK", "0") == "0":
             # temporary files a killed save left behind: this process holds the run (runs.lock_run)
             remove_partials(Path(config.checkpoint.dirpath))
         logger = config.trainer.logger

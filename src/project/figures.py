@@ -15,6 +15,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 RIGHT, WRONG = "#1a7f37", "#cf222e"
+# Past this many classes a picture shows a summary (the classes of the top confusions, the lowest and
+# highest accuracies): a 10,000-class matrix drawn in full needed 9.6 GB and shows nothing readable.
+MAX_DRAWN = 50
 
 
 def to_rgb(figure: Figure) -> np.ndarray:
@@ -55,42 +58,91 @@ def image_grid(
 
 
 def confusion_matrix(counts: np.ndarray, class_names: Sequence[str], title: str = "") -> np.ndarray:
-    """The confusion matrix as an image, for TensorBoard."""
-    side = min(14.0, 2.5 + 0.45 * len(class_names))
+    """The confusion matrix as an image, for TensorBoard (a summary past MAX_DRAWN classes)."""
+    side = min(14.0, 2.5 + 0.45 * min(len(class_names), MAX_DRAWN))
     figure = Figure(figsize=(side + 1.2, side), dpi=100)
     draw_confusion_matrix(figure.add_subplot(), counts, class_names, title)
     figure.tight_layout()
     return to_rgb(figure)
 
 
+def top_confusions(counts: np.ndarray, k: int, block: int = 256) -> list[tuple[int, int, int]]:
+    """The `k` largest off-diagonal cells as (true, predicted, count), largest first, zeros left out.
+
+    Reads `block` rows at a time, so the memory needed beyond `counts` is block x classes, not classes².
+    """
+    best: list[tuple[int, int, int]] = []
+    for start in range(0, len(counts), block):
+        rows = np.array(counts[start : start + block], dtype=np.int64)  # a copy: the diagonal is cleared
+        rows[np.arange(len(rows)), np.arange(start, start + len(rows))] = 0
+        flat = rows.ravel()
+        top = np.argpartition(flat, -k)[-k:] if flat.size > k else np.arange(flat.size)
+        best += [(start + i // rows.shape[1], i % rows.shape[1], int(flat[i])) for i in top if flat[i] > 0]
+        best = sorted(best, key=lambda cell: (-cell[2], cell[0], cell[1]))[:k]
+    return best
+
+
+def confused_classes(counts: np.ndarray, limit: int = MAX_DRAWN) -> list[int]:
+    """Up to `limit` classes, in label order, taken pair by pair from the top confusions."""
+    chosen: set[int] = set()
+    for true, predicted, _ in top_confusions(counts, limit):
+        if len(chosen | {true, predicted}) > limit:
+            break
+        chosen |= {true, predicted}
+    return sorted(chosen) or list(range(min(limit, len(counts))))  # nothing confused: any will do
+
+
 def draw_confusion_matrix(ax: Axes, counts: np.ndarray, class_names: Sequence[str], title: str = "") -> None:
-    """Rows normalized to 1 (each true class), cells annotated with the fraction."""
-    counts = np.asarray(counts, dtype=np.float64)
-    rows = counts.sum(axis=1, keepdims=True)
-    fractions = np.divide(counts, rows, out=np.zeros_like(counts), where=rows > 0)
-    n = len(class_names)
+    """Rows normalized to 1 (each true class), cells annotated with the fraction.
+
+    Past MAX_DRAWN classes only the classes of the top confusions are drawn (their rows still divided
+    by the row's full count), so the picture and its memory stay the same size for any class count.
+    """
+    counts = np.asarray(counts)  # no copy, also of a CPU torch tensor
+    total = len(class_names)
+    shown = list(range(total)) if total <= MAX_DRAWN else confused_classes(counts)
+    sub = counts[np.ix_(shown, shown)].astype(np.float64)
+    rows = counts[shown].sum(axis=1, keepdims=True, dtype=np.float64)
+    fractions = np.divide(sub, rows, out=np.zeros_like(sub), where=rows > 0)
+    names = [class_names[i] for i in shown]
+    n = len(names)
     image = ax.imshow(fractions, cmap="Blues", vmin=0, vmax=1)
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     ax.set(xticks=range(n), yticks=range(n), xlabel="predicted", ylabel="true")
-    ax.set_xticklabels(class_names, rotation=45, ha="right", fontsize=8)
-    ax.set_yticklabels(class_names, fontsize=8)
+    ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+    ax.set_yticklabels(names, fontsize=8)
     if n <= 30:  # beyond that the numbers do not fit in the cells
         for (i, j), value in np.ndenumerate(fractions):
             if value >= 0.005:
                 color = "white" if value > 0.5 else "black"
                 ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=color)
     accuracy = np.trace(counts) / max(counts.sum(), 1)
-    ax.set_title(f"{title} confusion matrix, rows sum to 1 (accuracy {accuracy:.3f})".strip(), fontsize=9)
+    what = (
+        "confusion matrix" if n == total else f"confusion matrix of the {n} most confused of {total} classes"
+    )
+    ax.set_title(f"{title} {what}, rows sum to 1 (accuracy {accuracy:.3f})".strip(), fontsize=9)
 
 
 def draw_per_class(ax: Axes, accuracy: Sequence[float], class_names: Sequence[str]) -> None:
-    """Horizontal bars of per-class accuracy, first class on top; classes well below the mean in red."""
+    """Horizontal bars of per-class accuracy, first class on top; classes well below the mean in red.
+
+    Past MAX_DRAWN classes: the lowest and the highest MAX_DRAWN / 2, lowest on top.
+    """
     accuracy = np.asarray(accuracy, dtype=np.float64)
-    order = np.arange(len(class_names))[::-1]
+    if len(accuracy) <= MAX_DRAWN:
+        order = np.arange(len(class_names))[::-1]
+    else:
+        ranked = np.argsort(accuracy, kind="stable")
+        order = np.concatenate([ranked[: MAX_DRAWN // 2], ranked[-MAX_DRAWN // 2 :]])[::-1]
     colors = [WRONG if a < accuracy.mean() - 0.1 else RIGHT for a in accuracy[order]]
     ax.barh(range(len(order)), accuracy[order], color=colors)
     ax.set_yticks(range(len(order)), [class_names[i] for i in order], fontsize=8)
     ax.set_xlim(0, 1)
-    ax.set_xlabel("accuracy (recall) per class")
+    some = (
+        f": the {MAX_DRAWN // 2} lowest and highest of {len(accuracy)} classes"
+        if len(order) < len(accuracy)
+        else ""
+    )
+    ax.set_xlabel(f"accuracy (recall) per class{some}")
     for y, a in enumerate(accuracy[order]):
         ax.text(min(a, 0.88) + 0.01, y, f"{a:.3f}", va="center", fontsize=7)

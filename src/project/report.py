@@ -105,7 +105,11 @@ def draw_report(run: Run) -> Figure:
         names = run.class_names if len(run.class_names) == len(run.counts) else numbers
         figures.draw_confusion_matrix(matrix_ax, run.counts, names, f"validation at step {run.counts_step}:")
     else:
-        _empty(matrix_ax, "no confusion matrix in this run (--confusion_matrix.enabled=true logs it)")
+        _empty(
+            matrix_ax,
+            "no confusion matrix in this run (--confusion_matrix.enabled=true logs it for up to "
+            "200 classes; past that TensorBoard has val/top_confusions)",
+        )
     if run.class_names:
         accuracy = [run.last(CLASS_ACC + name) for name in run.class_names]
         figures.draw_per_class(classes_ax, accuracy, run.class_names)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
@@ -18,12 +19,26 @@ LOGS = Path("logs")
 CHECKPOINTS = Path("checkpoints")
 # Lightning starts DDP ranks > 0 as new processes of the same command; they take the name rank 0 chose.
 RUN_NAME_ENV = "PROJECT_RUN_NAME"
-LOCK = ".lock"  # logs/<name>/.lock, held (flock) by the one process that writes the run
+LOCK = ".lock"  # logs/<name>/.lock, held (a POSIX record lock) by the one process that writes the run
 _held: dict[Path, int] = {}  # lock file (absolute) -> its open descriptor, kept while the run is ours
+
+
+def check_run_name(name: str | None) -> None:
+    """A run name is one folder name: it must not lead out of logs/ and checkpoints/."""
+    if name is None:
+        return
+    bad = not name or name in (".", "..") or any(c in name for c in "/\\\0")
+    if bad:
+        raise UserError(
+            f"--name={name!r} is not a run name: it must be one folder name (no '/', '\\', NUL, "
+            "not empty, '.' or '..'), since logs/<name> and checkpoints/<name> are made from it.",
+            "pick a plain name such as --name=resnet18-lr0.01 (runs are the folders in checkpoints/).",
+        )
 
 
 def fit_run_name(name: str | None, ckpt_path: str | None) -> str:
     """The run a `fit` writes to: new and unused, or the one `--ckpt_path` resumes."""
+    check_run_name(name)
     if os.environ.get("LOCAL_RANK", "0") != "0" and RUN_NAME_ENV in os.environ:
         return os.environ[RUN_NAME_ENV]
     world_size, rank = launcher_world()
@@ -53,16 +68,29 @@ def fit_run_name(name: str | None, ckpt_path: str | None) -> str:
     elif name is None:
         name = new_run_name()
     else:
+        _refuse_used(name)  # before locking: a refused name gets no lock file
         lock_run(name)
-        if _used(name):
-            unlock_run(name)
-            raise UserError(
-                f"Run '{name}' already exists ({CHECKPOINTS / name} or {LOGS / name}); "
-                "a new run never overwrites it.",
-                f"resume it with --name {name} --ckpt_path last, or pick another --name.",
-            )
+        _refuse_used(name)  # created by another process in between
     os.environ[RUN_NAME_ENV] = name
     return name
+
+
+def debug_run_name(name: str | None, ckpt_path: str | None) -> str:
+    """A `fast_dev_run` fit writes nothing, so it claims no run (no lock file); it may read one to resume."""
+    check_run_name(name)
+    if ckpt_path == "last":
+        return name or newest_run()
+    return name or (run_of_checkpoint(ckpt_path) if ckpt_path else None) or "fast_dev_run"
+
+
+def _refuse_used(name: str) -> None:
+    if _used(name):
+        unlock_run(name)
+        raise UserError(
+            f"Run '{name}' already exists ({CHECKPOINTS / name} or {LOGS / name}); "
+            "a new run never overwrites it.",
+            f"resume it with --name {name} --ckpt_path last, or pick another --name.",
+        )
 
 
 def launcher_world() -> tuple[int, int]:
@@ -75,6 +103,7 @@ def launcher_world() -> tuple[int, int]:
 
 def eval_run_name(name: str | None, ckpt_path: str | None) -> str:
     """validate/test/predict log next to the run their checkpoint came from, or to a new run."""
+    check_run_name(name)
     return name or (run_of_checkpoint(ckpt_path) if ckpt_path else None) or new_run_name()
 
 
@@ -90,8 +119,11 @@ def new_run_name() -> str:
 def lock_run(name: str) -> None:
     """Claim run `name` for this process, or fail naming the process that has it.
 
-    An flock: the kernel drops it when the process ends, even by SIGKILL, so a crashed run never
-    leaves a stale lock. (Loader workers forked from this process share it and end with it.)
+    A POSIX record lock (`lockf`): the kernel drops it when the process ends, even by SIGKILL, so a
+    crashed run never leaves a stale lock. Unlike an `flock`, forked loader workers do not share it:
+    they outlive a killed parent by up to 5 s, and a resume right after the kill must not wait for them.
+    (A record lock is also dropped when this process closes any descriptor of the file: only `_held`
+    opens it.)
     """
     if not _try_lock(name):
         owner = _lock_path(name).read_text(errors="replace").strip() or "another process"
@@ -106,7 +138,7 @@ def lock_run(name: str) -> None:
 def unlock_run(name: str) -> None:
     fd = _held.pop(_lock_path(name).absolute(), None)
     if fd is not None:
-        os.close(fd)  # closing the file releases the flock
+        os.close(fd)  # closing the file releases the lock
 
 
 def _try_lock(name: str) -> bool:
@@ -116,10 +148,12 @@ def _try_lock(name: str) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
         os.close(fd)
-        return False
+        if e.errno in (errno.EAGAIN, errno.EACCES):  # another process holds it
+            return False
+        raise
     os.ftruncate(fd, 0)
     os.pwrite(
         fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode(), 0

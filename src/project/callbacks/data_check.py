@@ -39,8 +39,9 @@ class DataCheck(Callback):
         splits = getattr(trainer.datamodule, "splits", None)
         if not splits or num_classes is None:
             return
+        task = getattr(pl_module, "task", "multiclass")
         for split, index in splits.items():
-            check_labels(np.asarray(index.labels), num_classes, f"The {split} split")
+            check_labels(np.asarray(index.labels), num_classes, f"The {split} split", task)
         table = class_count_table(splits)
         rank_zero_info(table)
         log_text(trainer, "data_check/class_counts", table)
@@ -50,7 +51,8 @@ class DataCheck(Callback):
     def _warn_imbalance(self, split: str, counts: dict[str, int]) -> None:
         empty = [name for name, n in counts.items() if n == 0]
         if empty:
-            rank_zero_warn(f"The {split} split has no images of class(es) {empty}.")
+            more = f" and {len(empty) - 10} more" if len(empty) > 10 else ""
+            rank_zero_warn(f"The {split} split has no images of {len(empty)} class(es): {empty[:10]}{more}.")
             return
         most, least = max(counts, key=counts.get), min(counts, key=counts.get)
         if counts[most] >= self.imbalance_ratio * counts[least]:
@@ -71,20 +73,32 @@ class DataCheck(Callback):
         images, labels = batch
         num_classes = pl_module.hparams.get("num_classes")
         if num_classes is not None:
-            check_labels(labels, num_classes, "The first training batch")
+            check_labels(
+                labels, num_classes, "The first training batch", getattr(pl_module, "task", "multiclass")
+            )
         check_inputs(images)
         table = batch_table(images, labels, num_classes)
         rank_zero_info(table)
         log_text(trainer, "data_check/first_batch", table)
 
 
-def check_labels(labels: torch.Tensor | np.ndarray, num_classes: int, where: str) -> None:
-    """Class indices must lie in [0, num_classes): anything else is a device-side assert on GPU."""
+def check_labels(
+    labels: torch.Tensor | np.ndarray, num_classes: int, where: str, task: str = "multiclass"
+) -> None:
+    """Multiclass: class indices [N] in [0, num_classes); multilabel: 0/1 targets [N, num_classes].
+
+    Anything else fails later inside PyTorch (a device-side assert on GPU, a shape error on CPU).
+    """
     labels = torch.as_tensor(labels).detach().cpu()
-    if labels.is_floating_point() or labels.numel() == 0:
+    if labels.numel() == 0:
         return
-    if labels.ndim == 2:  # multi-label: a multi-hot row per image, whatever the number of labels
-        num_classes = 2
+    if task == "multilabel":
+        _check_multi_hot(labels, num_classes, where)
+        return
+    if labels.is_floating_point():
+        return  # soft targets (probabilities per class): cross-entropy takes them as they are
+    if labels.ndim != 1:
+        _refuse_shape(labels, num_classes, where)
     bad = labels[(labels < 0) | (labels >= num_classes)]
     if bad.numel():
         values = sorted(set(bad.tolist()))[:10]
@@ -93,6 +107,42 @@ def check_labels(labels: torch.Tensor | np.ndarray, num_classes: int, where: str
             f"{num_classes} classes): {values}.",
             f"labels must be class indices 0..{num_classes - 1}: check the dataset's label mapping "
             "(1-based labels are the usual off-by-one) or the model's number of classes.",
+        )
+
+
+def _refuse_shape(labels: torch.Tensor, num_classes: int, where: str) -> None:
+    """Integer labels of a multiclass model that are not a vector: say what they look like."""
+    shape = f"[{', '.join(['N', *map(str, labels.shape[1:])])}]"
+    binary = bool(((labels == 0) | (labels == 1)).all())
+    if labels.ndim == 2 and labels.shape[1] == num_classes and binary and bool((labels.sum(1) == 1).all()):
+        raise UserError(
+            f"{where} has labels of shape {shape} that look one-hot; a multiclass model expects class "
+            f"indices of shape [N] (0..{num_classes - 1}).",
+            "turn them into indices (labels.argmax(dim=1)) in the dataset; or, if an image may carry "
+            "several classes, make the task multilabel (model task='multilabel').",
+        )
+    raise UserError(
+        f"{where} has labels of shape {shape}; class indices of shape [N] expected "
+        f"(0..{num_classes - 1}, one per image).",
+        "return one integer class per image from the dataset (labels[:, 0] or labels.squeeze(1) for "
+        "[N, 1]), not a tensor per image.",
+    )
+
+
+def _check_multi_hot(labels: torch.Tensor, num_classes: int, where: str) -> None:
+    """Multi-label targets: one 0/1 row of num_classes per image (float or integer)."""
+    if labels.ndim != 2 or labels.shape[1] != num_classes:
+        raise UserError(
+            f"{where} has labels of shape {list(labels.shape)}; a multi-label model with {num_classes} "
+            f"classes expects 0/1 targets of shape [N, {num_classes}].",
+            "give each image a multi-hot row with one 0/1 entry per class (the labels CSV does this).",
+        )
+    bad = labels[(labels < 0) | (labels > 1)]
+    if bad.numel():
+        raise UserError(
+            f"{where} has {bad.numel()} multi-label target(s) outside [0, 1]: "
+            f"{sorted(set(bad.tolist()))[:10]}.",
+            "give each image a multi-hot row: 1 for each class it shows, 0 otherwise.",
         )
 
 
@@ -136,15 +186,27 @@ def batch_table(images: torch.Tensor, labels: torch.Tensor, num_classes: int | N
     return "\n".join(lines)
 
 
-def class_count_table(splits: dict[str, Any]) -> str:
-    """Images per class and split, as a fixed-width table."""
+def class_count_table(splits: dict[str, Any], rows: int = 20) -> str:
+    """Images per class and split, as a fixed-width table; past `rows` classes the largest and smallest
+    half of `rows` by the first split's count (10,000 classes would be 10,000 lines)."""
     counts = {split: index.class_counts() for split, index in splits.items()}
-    names = list(next(iter(counts.values())))
-    width = max(len("class"), *(len(n) for n in names))
+    first = next(iter(counts.values()))
+    names = list(first)
+    title = "Data check: images per class"
+    if len(names) > rows:
+        ranked = sorted(names, key=lambda n: -first[n])  # stable: label order among equal counts
+        names = [*ranked[: rows // 2], None, *ranked[-(rows // 2) :]]  # None: the classes left out
+        title += (
+            f" ({len(first)} classes: the {rows // 2} largest and smallest by {next(iter(counts))} images)"
+        )
+    width = max(len("class"), *(len(n) for n in names if n is not None))
     header = f"  {'class':<{width}}" + "".join(f" {split:>8}" for split in counts)
-    rows = [f"  {n:<{width}}" + "".join(f" {c[n]:>8}" for c in counts.values()) for n in names]
+    lines = [
+        f"  {n or '...':<{width}}" + "".join(f" {'...' if n is None else c[n]:>8}" for c in counts.values())
+        for n in names
+    ]
     total = f"  {'total':<{width}}" + "".join(f" {sum(c.values()):>8}" for c in counts.values())
-    return "\n".join(["Data check: images per class", header, *rows, total])
+    return "\n".join([title, header, *lines, total])
 
 
 def log_text(trainer: L.Trainer, tag: str, text: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,14 +72,41 @@ def is_image_file(name: str) -> bool:
     return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def list_images(folder: Path) -> list[str]:
-    """Image files under `folder` (recursively), relative to it, sorted; hidden folders are skipped."""
+def _overlaps(path: str, trees: list[str]) -> bool:
+    """True when real path `path` is inside, equal to, or around one of `trees`."""
+    return any(os.path.commonpath([path, tree]) in (path, tree) for tree in trees)
+
+
+def list_images(folder: Path, indexed: list[str] | None = None) -> list[str]:
+    """Image files under `folder` (recursively), relative to it, sorted; hidden folders are skipped.
+
+    A linked folder is followed only into a tree not indexed yet: a link into (or around) `indexed`, the
+    real paths already walked, would repeat images or loop forever, so it is skipped with a warning.
+    """
+    indexed = [os.path.realpath(folder)] if indexed is None else indexed
     found = []
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and _follow(dirpath, d, indexed))
         rel = os.path.relpath(dirpath, folder)
         found.extend(os.path.normpath(os.path.join(rel, f)) for f in filenames if is_image_file(f))
     return sorted(found)
+
+
+def _follow(dirpath: str, name: str, indexed: list[str]) -> bool:
+    """Whether to walk into sub-folder `name`: plain folders yes, links only into trees not indexed yet."""
+    link = os.path.join(dirpath, name)
+    if not os.path.islink(link):
+        return True
+    target = os.path.realpath(link)
+    if _overlaps(target, indexed):
+        warnings.warn(
+            f"Skipped the folder link '{link}' -> '{target}': its images are already indexed "
+            "(a link into or around the data folder repeats them or loops).",
+            stacklevel=4,
+        )
+        return False
+    indexed.append(target)
+    return True
 
 
 def class_folders(root: Path) -> list[str]:
@@ -112,8 +140,9 @@ def scan_folder(root: Path, class_names: list[str] | None = None) -> ImageIndex:
         )
     paths: list[str] = []
     labels: list[int] = []
+    indexed = [os.path.realpath(root)] + [os.path.realpath(root / name) for name in found]
     for label, name in enumerate(found):
-        files = list_images(root / name)
+        files = list_images(root / name, indexed)
         if not files:
             raise UserError(
                 f"Class folder '{root / name}' has no images "
