@@ -111,13 +111,26 @@ def test_the_lock_is_not_shared_with_forked_children(workdir: Path) -> None:
         os.kill(child, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("name", ["../../outside", "/tmp/absolute-run", "a/b", "a\\b", "..", ".", "", "a\0b"])
+@pytest.mark.parametrize(
+    "name",
+    ["../../outside", "/tmp/absolute-run", "a/../b", "a/b/c", "a//b", "a/", "a\\b", "..", ".", "", "a\0b"],
+)
 def test_a_run_name_is_one_folder_name(workdir: Path, name: str) -> None:
-    with pytest.raises(UserError, match=r"^--name=.* is not a run name: it must be one folder name") as e:
+    with pytest.raises(UserError, match=r"^--name=.* is not a run name: it must be a folder name") as e:
         runs.fit_run_name(name, None)
     assert f"--name={name!r}" in str(e.value) and " Fix: pick a plain name such as --name=" in str(e.value)
     with pytest.raises(UserError, match="is not a run name"):
         runs.eval_run_name(name, "checkpoints/r/last.ckpt")
+
+
+def test_a_group_of_runs_stays_inside_the_project(workdir: Path) -> None:
+    """`group/run` (a sweep's trials): found again from its checkpoint, and as the newest run."""
+    assert runs.fit_run_name("study/trial-0001", None) == "study/trial-0001"
+    last = workdir / "checkpoints" / "study" / "trial-0001" / "last.ckpt"
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"a checkpoint")
+    assert runs.run_of_checkpoint(str(last)) == "study/trial-0001"
+    assert runs.newest_run() == "study/trial-0001"
 
 
 @pytest.mark.parametrize("name", ["../../outside", "ABSOLUTE"])

@@ -24,15 +24,19 @@ _held: dict[Path, int] = {}  # lock file (absolute) -> its open descriptor, kept
 
 
 def check_run_name(name: str | None) -> None:
-    """A run name is one folder name: it must not lead out of logs/ and checkpoints/."""
+    """A run name is a folder name, or `group/run` (a sweep's trials): it never leads out of logs/ and
+    checkpoints/."""
     if name is None:
         return
-    bad = not name or name in (".", "..") or any(c in name for c in "/\\\0")
+    parts = name.split("/")
+    bad = len(parts) > 2 or any(not p or p in (".", "..") or "\\" in p or "\0" in p for p in parts)
     if bad:
         raise UserError(
-            f"--name={name!r} is not a run name: it must be one folder name (no '/', '\\', NUL, "
-            "not empty, '.' or '..'), since logs/<name> and checkpoints/<name> are made from it.",
-            "pick a plain name such as --name=resnet18-lr0.01 (runs are the folders in checkpoints/).",
+            f"--name={name!r} is not a run name: it must be a folder name, or two joined by '/' "
+            "(no '\\', NUL, leading or doubled '/', '.' or '..'), since logs/<name> and "
+            "checkpoints/<name> are made from it.",
+            "pick a plain name such as --name=resnet18-lr0.01 or --name=ablation/lr0.01 "
+            "(runs are the folders in checkpoints/).",
         )
 
 
@@ -167,19 +171,25 @@ def _lock_path(name: str) -> Path:
 
 
 def newest_run() -> str:
-    runs = [p for p in CHECKPOINTS.glob("*/last*.ckpt")]
+    runs = [*CHECKPOINTS.glob("*/last*.ckpt"), *CHECKPOINTS.glob("*/*/last*.ckpt")]
     if not runs:
         raise UserError(
             f"--ckpt_path last: there is no run to resume in '{CHECKPOINTS}'.",
             "train first with `python -m project fit`, or pass --ckpt_path PATH to a checkpoint file.",
         )
-    return max(runs, key=lambda p: p.lstat().st_mtime).parent.name
+    return max(runs, key=lambda p: p.lstat().st_mtime).parent.relative_to(CHECKPOINTS).as_posix()
 
 
 def run_of_checkpoint(ckpt_path: str) -> str | None:
-    """`checkpoints/<name>/x.ckpt` -> name; None for a file from elsewhere."""
-    path = Path(ckpt_path).absolute()
-    return path.parent.name if path.parent.parent == CHECKPOINTS.absolute() else None
+    """`checkpoints/<name>/x.ckpt` -> name (`group/run` one level deeper); None for a file from elsewhere."""
+    folder = Path(ckpt_path).absolute().parent
+    for parent, name in (
+        (folder.parent, folder.name),
+        (folder.parent.parent, f"{folder.parent.name}/{folder.name}"),
+    ):
+        if parent == CHECKPOINTS.absolute():
+            return name
+    return None
 
 
 def _used(name: str) -> bool:
