@@ -49,11 +49,11 @@ class SweepTrial(Callback):
         if trainer.is_global_zero and self.trial is None:
             import optuna
 
-            from project.sweep.settings import make_pruner
+            from project.sweep.settings import make_pruner, rdb_storage
 
             study = optuna.load_study(
                 study_name=self.spec["study"],
-                storage=optuna.storages.RDBStorage(self.spec["storage"]),
+                storage=rdb_storage(self.spec["storage"]),
                 sampler=optuna.samplers.RandomSampler(),  # never samples here: the sweep process did
                 pruner=make_pruner(self.spec["pruner"]),
             )

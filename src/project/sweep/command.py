@@ -35,7 +35,7 @@ from optuna.trial import TrialState
 from project.callbacks.sweep_trial import ENV, PRUNED_AT
 from project.errors import UserError, user_message
 from project.runs import LOGS
-from project.sweep.settings import Command, Sweep, flag, make_pruner, parse_argv, suggest
+from project.sweep.settings import Command, Sweep, flag, make_pruner, parse_argv, rdb_storage, suggest
 from project.sweep.summary import summarize
 
 CALLBACK = "project.callbacks.sweep_trial.SweepTrial"
@@ -66,10 +66,8 @@ def open_study(sweep: Sweep) -> optuna.Study:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            storage = optuna.storages.RDBStorage(
+            storage = rdb_storage(
                 url,
-                # several sweep processes share one SQLite file: wait for its lock rather than fail
-                engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
                 heartbeat_interval=sweep.heartbeat,
                 grace_period=3 * sweep.heartbeat,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),

@@ -237,6 +237,12 @@ def check_pruner(spec: Any) -> dict[str, Any]:
     return spec
 
 
+def rdb_storage(url: str, **kwargs: Any) -> optuna.storages.RDBStorage:
+    """Optuna's database storage; processes sharing one SQLite file wait for its lock rather than fail."""
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
+
+
 def make_pruner(spec: dict[str, Any]) -> optuna.pruners.BasePruner:
     kwargs = {k: v for k, v in spec.items() if k != "type"}
     try:
