@@ -1,4 +1,4 @@
-"""`python -m project sweep --config configs/sweeps/<name>.yaml [fit options] [--sweep.KEY=VALUE] [--summary]`.
+"""`python -m project sweep --config configs/sweeps/NAME.yaml [fit options] [--sweep.KEY=VALUE] [--summary]`.
 
 An Optuna study over fit's own options. Each trial is an ordinary `fit` in a subprocess (a clean process
 per trial, DDP included), run `logs/<study>/trial-<number>` with its checkpoints in
@@ -166,8 +166,11 @@ class Sweeper:
                 now = [t.number for t in running]
                 if now != waiting_for:
                     waiting_for = now
-                    print(f"[sweep {self.sweep.name}] {done}/{self.sweep.trials} done; waiting for "
-                          f"{_describe(running)}", flush=True)
+                    print(
+                        f"[sweep {self.sweep.name}] {done}/{self.sweep.trials} done; waiting for "
+                        f"{_describe(running)}",
+                        flush=True,
+                    )
                 time.sleep(self.sweep.heartbeat)
                 continue
             waiting_for = None
@@ -177,14 +180,16 @@ class Sweeper:
             failures = failures + 1 if crashed else 0
             if failures >= MAX_FAILURES:
                 raise UserError(
-                    f"{failures} trials in a row failed, the last one {LOGS / run_name(self.sweep.name, self.number)}.",
+                    f"{failures} trials in a row failed, the last one "
+                    f"{LOGS / run_name(self.sweep.name, self.number)}.",
                     "read its output above; fix the options, then run the same command to continue.",
                 )
 
     def objective(self, trial: optuna.Trial) -> float:
         self.number = trial.number
         ahead = [
-            t for t in self.study.get_trials(deepcopy=False)
+            t
+            for t in self.study.get_trials(deepcopy=False)
             if t.number < trial.number and t.state in (*DONE, TrialState.RUNNING)
         ]
         if len(ahead) >= self.sweep.trials:
@@ -194,8 +199,11 @@ class Sweeper:
         run = run_name(self.sweep.name, trial.number)
         trial.set_user_attr("run", run)
         trial.set_user_attr("host", f"{socket.gethostname()} pid {os.getpid()}")
-        print(f"[sweep {self.sweep.name}] trial {trial.number} -> {LOGS / run}: "
-              + ", ".join(f"{k}={v}" for k, v in params.items()), flush=True)
+        print(
+            f"[sweep {self.sweep.name}] trial {trial.number} -> {LOGS / run}: "
+            + ", ".join(f"{k}={v}" for k, v in params.items()),
+            flush=True,
+        )
         code, tail = run_fit(self.trial_args(run, params), self.trial_env(trial))
         config = LOGS / run / "config.yaml"
         if config.is_file():  # kept in the storage too: the summary may run on another machine
@@ -267,9 +275,7 @@ def _exit(code: int) -> str:
 
 
 def _describe(running: list[optuna.trial.FrozenTrial]) -> str:
-    return ", ".join(
-        f"trial {t.number} ({t.user_attrs.get('host', 'starting')})" for t in running
-    )
+    return ", ".join(f"trial {t.number} ({t.user_attrs.get('host', 'starting')})" for t in running)
 
 
 def main(argv: list[str]) -> None:

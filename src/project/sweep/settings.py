@@ -1,4 +1,4 @@
-"""The `sweep:` section of a config and the `--sweep.*` flags: read off the argv and checked, one key at a time.
+"""The `sweep:` section of a config and the `--sweep.*` flags: taken off the argv and checked, key by key.
 
 Everything else on the command line (configs, flags) is fit's, passed on to every trial unchanged.
 """
@@ -100,7 +100,7 @@ def parse_argv(argv: list[str]) -> Command:
 
 
 def _split_config(path: str) -> tuple[str, dict[str, Any] | None]:
-    """A config file as fit gets it (inline YAML when a `sweep:` section had to come out), and that section."""
+    """The config as fit gets it (inline YAML when a `sweep:` section had to come out), and that section."""
     file = Path(path)
     if not file.is_file():
         raise UserError(f"Config file '{path}' (--config) does not exist.", "check the path.")
@@ -150,7 +150,9 @@ def check_section(section: dict[str, Any], default_name: str | None) -> Sweep:
             "set --sweep.direction=maximize for accuracy, minimize for a loss.",
         )
     if not isinstance(s["metric"], str) or not s["metric"]:
-        raise UserError(f"sweep.metric={s['metric']!r} is not a metric name.", "set e.g. sweep.metric: val/acc.")
+        raise UserError(
+            f"sweep.metric={s['metric']!r} is not a metric name.", "set e.g. sweep.metric: val/acc."
+        )
     return Sweep(
         name=name,
         trials=trials,
@@ -193,7 +195,8 @@ def _check_entry(where: str, entry: Any) -> None:
     if kind not in FIELDS:
         raise UserError(
             f"{where}: type {kind!r} is not one of {', '.join(FIELDS)}.",
-            "write e.g. {type: float, low: 0.0001, high: 0.01, log: true} or {type: categorical, choices: [a, b]}.",
+            "write e.g. {type: float, low: 0.0001, high: 0.01, log: true} "
+            "or {type: categorical, choices: [a, b]}.",
         )
     extra = set(entry) - FIELDS[kind]
     if extra:
@@ -204,7 +207,9 @@ def _check_entry(where: str, entry: Any) -> None:
     if kind == "categorical":
         choices = entry.get("choices")
         if not isinstance(choices, list) or not choices:
-            raise UserError(f"{where}: choices {choices!r} is not a non-empty list.", "write choices: [a, b].")
+            raise UserError(
+                f"{where}: choices {choices!r} is not a non-empty list.", "write choices: [a, b]."
+            )
         if not all(c is None or isinstance(c, bool | int | float | str) for c in choices):
             raise UserError(
                 f"{where}: choices {choices!r} holds a list or mapping; Optuna records only plain values.",
@@ -215,8 +220,10 @@ def _check_entry(where: str, entry: Any) -> None:
     number = int if kind == "int" else int | float
     for field, value in (("low", low), ("high", high)):
         if not isinstance(value, number) or isinstance(value, bool) or not math.isfinite(value):
-            raise UserError(f"{where}: {field}={value!r} is not {'an integer' if kind == 'int' else 'a number'}.",
-                            f"set {field} to {'an integer' if kind == 'int' else 'a number'}.")
+            raise UserError(
+                f"{where}: {field}={value!r} is not {'an integer' if kind == 'int' else 'a number'}.",
+                f"set {field} to {'an integer' if kind == 'int' else 'a number'}.",
+            )
     if low > high:
         raise UserError(f"{where}: low={low!r} is above high={high!r}.", "swap them, or fix the range.")
     if entry.get("log") and low <= 0:

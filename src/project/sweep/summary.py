@@ -33,7 +33,10 @@ def summarize(study: optuna.Study, sweep: Any) -> Path:
     best_yaml = write_best_config(best, folder / "best.yaml", sweep)
     counts = {s.name.lower(): n for s in TrialState if (n := len(study.get_trials(False, states=(s,))))}
     print(f"\nstudy {sweep.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    print(f"best: trial {best.number} ({LOGS / best.user_attrs.get('run', '?')}), {sweep.metric}={best.value:.4f}")
+    print(
+        f"best: trial {best.number} ({LOGS / best.user_attrs.get('run', '?')}), "
+        f"{sweep.metric}={best.value:.4f}"
+    )
     for key, value in best.params.items():
         print(f"  {key}: {value}")
     print(f"run it:  python -m project fit --config {best_yaml}")
