@@ -226,6 +226,8 @@ def _check_entry(where: str, entry: Any) -> None:
             )
     if low > high:
         raise UserError(f"{where}: low={low!r} is above high={high!r}.", "swap them, or fix the range.")
+    if entry.get("log") and entry.get("step") is not None:
+        raise UserError(f"{where}: log=true and step cannot go together (Optuna).", "drop one of them.")
     if entry.get("log") and low <= 0:
         raise UserError(f"{where}: log=true needs low > 0, not {low!r}.", "raise low, or drop log.")
 
