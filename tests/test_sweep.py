@@ -190,6 +190,20 @@ def test_option_mistake_in_a_trial_stops_the_sweep(workdir: Path, monkeypatch: p
     assert [t.state for t in s.study.trials] == [TrialState.FAIL]
 
 
+def test_last_slot_taken_by_another_process(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes that start a trial for the last slot at once: the later trial is failed unrun."""
+    monkeypatch.setattr(command, "run_fit", fake_fit({0: 0.5}))
+    s = sweeper(workdir, trials=1)
+    other = s.study.ask()  # another process's trial, running
+    s.study.optimize(s.objective, n_trials=1, catch=(command.Surplus,))
+    surplus = s.study.get_trials()[1]
+    assert (surplus.state, surplus.user_attrs, surplus.params) == (TrialState.FAIL, {"surplus": True}, {})
+    assert not (workdir / "logs" / "tiny" / "trial-0001").exists()
+    s.study.tell(other, 0.7)
+    s.run()  # the study has its trial: nothing more to run
+    assert len(s.study.get_trials()) == 2
+
+
 def test_summary_without_complete_trial(workdir: Path) -> None:
     parsed = parse_argv(["--config", str(sweep_config(workdir)), "--summary"])
     with pytest.raises(SystemExit) as e:
@@ -384,3 +398,29 @@ def test_postgresql_storage(workdir: Path, monkeypatch: pytest.MonkeyPatch, post
     tiny_trainer(SweepTrial(), max_epochs=2).fit(Scores())
     assert study.get_trials()[2].intermediate_values == {0: pytest.approx(0.1), 1: pytest.approx(0.1)}
     assert not (workdir / "logs" / "pg" / "study.db").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_trial_whose_sweep_process_dies_stops(tmp_path: Path) -> None:
+    """The fit of a SIGKILLed sweep process gets SIGTERM (GracefulStop: last.ckpt, exit) within seconds."""
+    ready = tmp_path / "ready"
+    fit = (
+        "import os, time\nfrom project.callbacks.sweep_trial import _stop_when_orphaned\n"
+        f"_stop_when_orphaned(os.getppid())\nopen({str(ready)!r}, 'w').close()\ntime.sleep(120)\n"
+    )
+    sweep = (
+        "import subprocess, sys, time\n"
+        f"print(subprocess.Popen([sys.executable, '-c', {fit!r}]).pid, flush=True)\ntime.sleep(120)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(project.__file__).parents[1])}
+    parent = subprocess.Popen([sys.executable, "-c", sweep], stdout=subprocess.PIPE, env=env, text=True)
+    child = int(parent.stdout.readline())
+    wait_for(ready.exists, 120, "the fit to start watching")
+    parent.kill()
+    parent.wait()
+
+    def gone() -> bool:
+        status = Path(f"/proc/{child}/status")
+        return not status.exists() or "State:\tZ" in status.read_text()
+
+    wait_for(gone, 10, "the orphaned fit to stop")
