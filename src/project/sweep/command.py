@@ -17,6 +17,7 @@ import collections
 import difflib
 import io
 import json
+import logging
 import os
 import signal
 import socket
@@ -49,6 +50,18 @@ class TrialFailed(RuntimeError):
 
 class Surplus(RuntimeError):
     """Another process took the last free slot a moment before this one: the trial is not run."""
+
+
+class _OneLine(logging.Filter):
+    """Optuna logs each failed trial with a traceback; ours are expected endings, said in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], TrialFailed | Surplus | UserError):
+            record.exc_info = None
+        return True
+
+
+logging.getLogger("optuna.study._optimize").addFilter(_OneLine())
 
 
 def run_name(study: str, number: int) -> str:
