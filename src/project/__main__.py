@@ -1,6 +1,6 @@
 """The one entry point, of `python -m project ...` and of the installed `project` script: dispatch only.
 
-infer, serve, report, new and doctor skip LightningCLI (and most of them torch): they go first.
+infer, serve, report, new, doctor and sweep skip LightningCLI (and most of them torch): they go first.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ COMMANDS = {
     "report": "project.report",
     "doctor": "project.doctor",
     "new": "project.new",
+    "sweep": "project.sweep.command",
 }
 
 

@@ -1,0 +1,314 @@
+"""`python -m project sweep --config configs/sweeps/NAME.yaml [fit options] [--sweep.KEY=VALUE] [--summary]`.
+
+An Optuna study over fit's own options. Each trial is an ordinary `fit` in a subprocess (a clean process
+per trial, DDP included), run `logs/<study>/trial-<number>` with its checkpoints in
+`checkpoints/<study>/trial-<number>`; its result is the best value of sweep.metric over its epochs.
+
+The study lives in sweep.storage (default: the SQLite file logs/<study>/study.db). The same command again
+continues the study; started in several terminals, or on several machines sharing a PostgreSQL storage,
+it runs trials in parallel until the study has sweep.trials finished (complete or pruned) trials. A
+running trial signals life every sweep.heartbeat seconds; one silent for 3x that (its process was
+killed) is marked failed by whichever sweep process looks next, and its parameters are queued again.
+"""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import io
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import TrialState
+
+from project.callbacks.sweep_trial import ENV, PRUNED_AT
+from project.errors import UserError, user_message
+from project.runs import LOGS
+from project.sweep.settings import Command, Sweep, flag, make_pruner, parse_argv, rdb_storage, suggest
+from project.sweep.summary import summarize
+
+CALLBACK = "project.callbacks.sweep_trial.SweepTrial"
+DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+MAX_FAILURES = 3  # trials in a row that crash: stop instead of burning the whole budget
+
+
+class TrialFailed(RuntimeError):
+    """The trial's fit crashed or was killed: the trial is marked failed, the sweep goes on."""
+
+
+class Surplus(RuntimeError):
+    """Another process took the last free slot a moment before this one: the trial is not run."""
+
+
+class _OneLine(logging.Filter):
+    """Optuna logs each failed trial with a traceback; ours are expected endings, said in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], TrialFailed | Surplus | UserError):
+            record.exc_info = None
+        return True
+
+
+logging.getLogger("optuna.study._optimize").addFilter(_OneLine())
+
+
+def run_name(study: str, number: int) -> str:
+    """logs/<study>/trial-0007 and checkpoints/<study>/trial-0007: the trial's run."""
+    return f"{study}/trial-{number:04d}"
+
+
+def open_study(sweep: Sweep) -> optuna.Study:
+    """Create or load the study in sweep.storage; an unreachable storage is one UserError."""
+    import sqlalchemy
+
+    url = sweep.storage
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = rdb_storage(
+                url,
+                heartbeat_interval=sweep.heartbeat,
+                grace_period=3 * sweep.heartbeat,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
+            )
+        study = optuna.create_study(
+            study_name=sweep.name,
+            storage=storage,
+            direction=sweep.direction,
+            pruner=make_pruner(sweep.pruner),
+            load_if_exists=True,
+        )
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as e:
+        raise UserError(
+            f"sweep.storage '{_masked(url)}' cannot be opened: {str(e).splitlines()[0]}",
+            "check the URL, that the database server runs and is reachable, and that its driver is "
+            "installed (PostgreSQL: pip install psycopg2-binary).",
+        ) from None
+    if study.direction.name.lower() != sweep.direction:
+        raise UserError(
+            f"Study '{sweep.name}' in '{_masked(url)}' was created to {study.direction.name.lower()} its "
+            f"metric; sweep.direction is {sweep.direction}.",
+            "keep the study's direction, or start a new study with another sweep.name.",
+        )
+    return study
+
+
+def _masked(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def fit_options(fit_args: list[str]) -> dict[str, Any]:
+    """The resolved config fit would run with these arguments (`fit --print_config`), parsed here.
+
+    A mistake in the fit options is reported by fit's own parser now, before any trial starts.
+    """
+    from project.cli import main as fit_main
+
+    out = io.StringIO()
+    try:
+        with redirect_stdout(out):
+            fit_main(["fit", *fit_args, "--print_config"])
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise  # fit's parser already said what is wrong
+    return yaml.safe_load(out.getvalue()) or {}
+
+
+def check_space_keys(command: Command, options: dict[str, Any]) -> None:
+    """Every searched option is one of fit's, and no fit flag also sets it."""
+    known = sorted(_dotted(options))
+    for key in command.sweep.space:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
+            hint = f"did you mean '{close[0]}'?" if close else "use a key that `fit --print_config` shows."
+            raise UserError(f"sweep.space: '{key}' is not an option of fit.", hint)
+        if any(a == f"--{key}" or a.startswith(f"--{key}=") for a in command.fit_args):
+            raise UserError(
+                f"--{key} is given as a flag, and it is searched (sweep.space.{key}).",
+                "remove the flag, or the key from sweep.space.",
+            )
+
+
+def _dotted(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in tree.items():
+        keys.add(prefix + key)
+        if isinstance(value, dict):
+            keys |= _dotted(value, f"{prefix}{key}.")
+    return keys
+
+
+class Sweeper:
+    """Runs trials in this process until the study has its finished trials."""
+
+    def __init__(self, command: Command, study: optuna.Study) -> None:
+        self.sweep, self.fit_args, self.study = command.sweep, command.fit_args, study
+        self.number = -1  # the trial this process runs now
+
+    def run(self) -> None:
+        failures, waiting_for = 0, None
+        while True:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)  # killed elsewhere: failed, and queued again
+            trials = self.study.get_trials(deepcopy=False)
+            done = sum(t.state in DONE for t in trials)
+            running = [t for t in trials if t.state == TrialState.RUNNING]
+            if done >= self.sweep.trials:
+                return
+            if done + len(running) >= self.sweep.trials:
+                now = [t.number for t in running]
+                if now != waiting_for:
+                    waiting_for = now
+                    print(
+                        f"[sweep {self.sweep.name}] {done}/{self.sweep.trials} done; waiting for "
+                        f"{_describe(running)}",
+                        flush=True,
+                    )
+                time.sleep(self.sweep.heartbeat)
+                continue
+            waiting_for = None
+            self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed, Surplus))
+            ours = self.study.get_trials(deepcopy=False)[self.number]
+            crashed = ours.state == TrialState.FAIL and not ours.user_attrs.get("surplus")
+            failures = failures + 1 if crashed else 0
+            if failures >= MAX_FAILURES:
+                raise UserError(
+                    f"{failures} trials in a row failed, the last one "
+                    f"{LOGS / run_name(self.sweep.name, self.number)}.",
+                    "read its output above; fix the options, then run the same command to continue.",
+                )
+
+    def objective(self, trial: optuna.Trial) -> float:
+        self.number = trial.number
+        ahead = [
+            t
+            for t in self.study.get_trials(deepcopy=False)
+            if t.number < trial.number and t.state in (*DONE, TrialState.RUNNING)
+        ]
+        if len(ahead) >= self.sweep.trials:
+            trial.set_user_attr("surplus", True)
+            raise Surplus(f"the study's {self.sweep.trials} trials were taken by other processes")
+        params = suggest(trial, self.sweep.space)
+        run = run_name(self.sweep.name, trial.number)
+        trial.set_user_attr("run", run)
+        trial.set_user_attr("host", f"{socket.gethostname()} pid {os.getpid()}")
+        print(
+            f"[sweep {self.sweep.name}] trial {trial.number} -> {LOGS / run}: "
+            + ", ".join(f"{k}={v}" for k, v in params.items()),
+            flush=True,
+        )
+        code, tail = run_fit(self.trial_args(run, params), self.trial_env(trial))
+        config = LOGS / run / "config.yaml"
+        if config.is_file():  # kept in the storage too: the summary may run on another machine
+            trial.set_user_attr("config", config.read_text())
+        if code == 2:
+            raise UserError(
+                f"trial {trial.number}'s fit stopped on a mistake in its options: {_last_error(tail)}",
+                "fix the sweep config or the fit flags, then run the same command again.",
+            )
+        if code != 0:
+            raise TrialFailed(f"its fit ended with {_exit(code)}; output in {LOGS / run}")
+        frozen = self.study.get_trials(deepcopy=False)[trial.number]
+        if PRUNED_AT in frozen.user_attrs:
+            raise optuna.TrialPruned(f"pruned after epoch {frozen.user_attrs[PRUNED_AT]}")
+        if not frozen.intermediate_values:
+            raise TrialFailed(f"its fit ran no validation: no {self.sweep.metric} to report")
+        pick = max if self.sweep.direction == "maximize" else min
+        return pick(frozen.intermediate_values.values())  # the best epoch, not the last
+
+    def trial_args(self, run: str, params: dict[str, Any]) -> list[str]:
+        return [
+            "fit", *self.fit_args, *(flag(k, v) for k, v in params.items()),
+            f"--name={run}", f"--trainer.callbacks+={CALLBACK}",
+        ]  # fmt: skip
+
+    def trial_env(self, trial: optuna.Trial) -> dict[str, str]:
+        spec = {
+            "storage": self.sweep.storage,
+            "study": self.sweep.name,
+            "trial_id": trial._trial_id,  # optuna.trial.Trial(study, trial_id) in the fit takes the id
+            "metric": self.sweep.metric,
+            "pruner": self.sweep.pruner,
+            "parent": os.getpid(),
+        }
+        # the fit imports the same project package as this process (a checkout without install too)
+        package_root = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+        return {**os.environ, ENV: json.dumps(spec), "PYTHONPATH": path}
+
+
+def run_fit(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run `python -m project ARGS`, its output shown as it comes; (exit status, the end of its stderr)."""
+    process = subprocess.Popen([sys.executable, "-m", "project", *args], stderr=subprocess.PIPE, env=env)
+    tail: collections.deque[bytes] = collections.deque(maxlen=64)
+    assert process.stderr is not None
+    try:
+        # chunks, not lines: progress bars redraw with \r
+        while chunk := os.read(process.stderr.fileno(), 65536):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
+            tail.append(chunk)
+        return process.wait(), b"".join(tail).decode(errors="replace")
+    except KeyboardInterrupt:
+        # the fit got the same Ctrl-C (one process group): it saves last.ckpt and exits; let it
+        process.wait()
+        raise
+
+
+def _last_error(tail: str) -> str:
+    lines = [line.strip() for line in tail.replace("\r", "\n").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:") or "error:" in line.lower()]
+    return (errors or lines or ["(no output)"])[-1].removeprefix("error: ")
+
+
+def _exit(code: int) -> str:
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def _describe(running: list[optuna.trial.FrozenTrial]) -> str:
+    return ", ".join(f"trial {t.number} ({t.user_attrs.get('host', 'starting')})" for t in running)
+
+
+def main(argv: list[str]) -> None:
+    """Run the sweep (or only its summary); user mistakes end in one message and exit status 2."""
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return
+    try:
+        command = parse_argv(list(argv))
+        study = open_study(command.sweep)
+        if not command.summary:
+            check_space_keys(command, fit_options(command.fit_args))
+            Sweeper(command, study).run()
+        summarize(study, command.sweep)
+    except UserError as e:
+        print(f"error: {user_message(e)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print(
+            "\ninterrupted: the running trial is marked failed; the same command continues the study.",
+            file=sys.stderr,
+        )
+        sys.exit(130)
