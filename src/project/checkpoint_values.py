@@ -7,7 +7,7 @@ attacker's choice. Here every value is checked before the parser sees it:
 
 - only the options of `ImageClassifier` and `ImageDataModule` are read, others are ignored;
 - a value is None, a bool, a number, a string, or a list of those: never a mapping;
-- the backbone is a torchvision classification model name;
+- the backbone is a name: `backbones.build_backbone` builds only the models it knows;
 - the optimizer and scheduler (needed to resume `fit` only) name a class from a fixed allow-list
   (torch.optim, torch.optim.lr_scheduler, project.schedulers) with plain init args;
 - `weights` is never taken: the checkpoint's own tensors replace whatever weights a model starts with.
@@ -61,16 +61,12 @@ def checkpoint_layer(ckpt_path: str | Path, subcommand: str) -> dict[str, Any]:
 
 def model_values(ckpt_path: str | Path, hparams: dict, resume: bool) -> dict[str, Any]:
     """The model options in `hparams` that are safe to parse; the optimizer and schedule when resuming."""
-    from project.backbones import classification_models
     from project.model import ImageClassifier
 
     values = {key: _plain(ckpt_path, key, hparams[key]) for key in _options(ImageClassifier) & hparams.keys()}
     for key in ("optimizer", "scheduler"):
         if resume and hparams.get(key) is not None:
             values[key] = _allowed_class(ckpt_path, key, hparams[key])
-    backbone = values.get("backbone")
-    if backbone is not None and backbone not in classification_models():
-        raise _refused(ckpt_path, "backbone", backbone, "a torchvision classification model name")
     return values
 
 
