@@ -20,22 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from project.__main__ import COMMANDS as DISPATCHED
+from project.cli import ProjectCLI
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-COMMANDS = (
-    "fit",
-    "validate",
-    "test",
-    "predict",
-    "export",
-    "memory",
-    "infer",
-    "serve",
-    "report",
-    "doctor",
-    "new",
-)
+# every command: LightningCLI's subcommands and those __main__ dispatches itself (a new one is covered)
+COMMANDS = (*ProjectCLI.subcommands(), *DISPATCHED)
 # folders of a working checkout that are not part of the package's sources
 NOT_SOURCES = {".git", ".venv", "logs", "checkpoints", "data", "build", "dist"}
 

@@ -62,9 +62,10 @@ class ProjectCLI(LightningCLI):
             parser_kwargs={
                 "prog": "python -m project",
                 "description": "Train, evaluate, predict with and export image classifiers. "
-                "Also: python -m project infer (torch-free inference on an export), report (a run's "
-                "curves as a PNG), doctor (check this machine), new (start a task from this template); "
-                "each with --help.",
+                "Also: python -m project infer (torch-free inference on an export), serve (an HTTP "
+                "service for an export), report (a run's curves as a PNG), sweep (a hyperparameter "
+                "search over these options), doctor (check this machine), new (start a task from this "
+                "template); each with --help.",
             },
             save_config_callback=AtomicSaveConfig,
             save_config_kwargs={"overwrite": True},
