@@ -251,7 +251,7 @@ class Sweeper:
             "pruner": self.sweep.pruner,
             "parent": os.getpid(),
         }
-        # the fit imports the same project package as this process (a checkout without install too)
+        # the fit imports the same package as this process (a checkout without install too)
         package_root = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         return {**os.environ, ENV: json.dumps(spec), "PYTHONPATH": path}
