@@ -15,6 +15,7 @@ COMMANDS = {
     "report": "project.report",
     "doctor": "project.doctor",
     "new": "project.new",
+    "audit": "project.audit.command",
 }
 
 
