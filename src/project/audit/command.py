@@ -27,7 +27,7 @@ from project.data.dataset import ImageDataset
 from project.errors import UserError, user_message
 from project.runs import LOGS, lock_run, new_run_name
 
-# Trainer options of fit that also shape the fold runs; the rest (devices, logger, checkpoints) are the audit's.
+# fit's Trainer options that also shape the fold runs; devices, logger and checkpoints are the audit's
 TRAINER_KEYS = (
     "accelerator",
     "precision",

@@ -1,4 +1,4 @@
-"""Label issues by confident learning (cleanlab) on out-of-fold probabilities, ranked most-likely-wrong first."""
+"""Label issues: confident learning (cleanlab) on out-of-fold probabilities, most likely wrong first."""
 
 from __future__ import annotations
 
