@@ -221,3 +221,16 @@ def test_write_clean_never_inside_the_data_or_over_a_file(shapes_root: Path, tmp
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(UserError, match="already exists"):
         check_clean_path(str(tmp_path / "keep.txt"), shapes_root)
+
+
+def test_missing_cleanlab_is_one_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "cleanlab" else real(name, *a)
+    )
+    assert run_audit("--data.root=nowhere") == 2
+    assert "pip install -e '.[audit]'" in capsys.readouterr().err

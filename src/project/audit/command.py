@@ -7,6 +7,7 @@ The parser is ProjectCLI's own, built without subcommands (LightningCLI's run=Fa
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -220,9 +221,19 @@ def check_clean_path(dest: str | None, root: Path) -> Path | None:
     return path
 
 
+def require_cleanlab() -> None:
+    """cleanlab (and scikit-learn with it) is the `audit` extra: say how to install it."""
+    if importlib.util.find_spec("cleanlab") is None or importlib.util.find_spec("sklearn") is None:
+        raise UserError(
+            "`audit` needs the cleanlab library (confident learning), which is not installed.",
+            "pip install -e '.[audit]' (or: pip install cleanlab).",
+        )
+
+
 def main(argv: list[str]) -> None:
     """Entry point of `python -m project audit`: user mistakes end in one message and exit status 2."""
     try:
+        require_cleanlab()
         cli = AuditCLI(argv)
         audit(cli)
     except UserError as e:

@@ -10,14 +10,17 @@ compare images for duplicates. Embeddings are the input of the classification la
 from __future__ import annotations
 
 import copy
+import logging
 import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
-from sklearn.model_selection import KFold, StratifiedKFold
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.backbones import head_of
@@ -41,6 +44,8 @@ class FoldOutputs:
 
 def make_folds(labels: np.ndarray, folds: int, seed: int) -> np.ndarray:
     """The fold of each image: stratified by class (multi-label: shuffled), the same for the same seed."""
+    from sklearn.model_selection import KFold, StratifiedKFold  # cleanlab's dependency: the audit extra
+
     if labels.ndim == 2:
         splitter = KFold(folds, shuffle=True, random_state=seed)
     else:
@@ -110,12 +115,11 @@ def train_folds(
             bar.fold = k
         fold_model = copy.deepcopy(model)  # every fold starts from the same initial weights
         L.seed_everything(recipe.seed + k, verbose=False)
-        trainer = _trainer(recipe, bar)
-        trainer.fit(
-            fold_model,
-            train_dataloaders=_loader(train_data, np.flatnonzero(fold_of != k), recipe, training=True),
-        )
-        probs, feats = predict(fold_model, trainer, _loader(eval_data, np.arange(len(fold_of)), recipe))
+        train_rows = np.flatnonzero(fold_of != k)
+        with quiet_lightning():  # Trainer() prints its banners: made inside
+            trainer = _trainer(recipe, bar)
+            trainer.fit(fold_model, train_dataloaders=_loader(train_data, train_rows, recipe, training=True))
+            probs, feats = predict(fold_model, trainer, _loader(eval_data, np.arange(len(fold_of)), recipe))
         if probabilities is None:
             probabilities = np.zeros((len(fold_of), probs.shape[1]), dtype=np.float32)
             embeddings = np.zeros((len(fold_of), feats.shape[1]), dtype=np.float32)
@@ -124,6 +128,21 @@ def train_folds(
         every.append(feats)
     assert probabilities is not None and embeddings is not None
     return FoldOutputs(probabilities, embeddings, fold_of, every)
+
+
+@contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Without the per-fold banners (GPU available, tips) and the warning that no validation loop runs."""
+    logger = logging.getLogger("lightning.pytorch")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _trainer(recipe: Recipe, bar: FoldProgressBar | None) -> L.Trainer:
