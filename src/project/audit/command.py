@@ -78,14 +78,16 @@ class AuditCLI(ProjectCLI):
         parser.add_argument(
             "--hash_distance",
             type=int,
-            default=6,
-            help="Near duplicates: perceptual hashes (64 bits) at most this many bits apart.",
+            default=8,
+            help="Near duplicates: perceptual hashes (64 bits) at most this many bits apart; or at most "
+            "twice that with embeddings at least --similarity alike.",
         )
         parser.add_argument(
             "--similarity",
             type=float,
-            default=0.985,
-            help="Near duplicates: or mean cosine similarity of the fold models' embeddings at least this.",
+            default=0.98,
+            help="Near duplicates whose hashes differ by more than --hash_distance bits (crops): mean "
+            "cosine similarity of the fold models' embeddings at least this.",
         )
         parser.add_argument(
             "--outlier_percentile",
