@@ -123,6 +123,7 @@ def main() -> None:
     parser.add_argument("--per_class", type=int, default=250)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, help="build the data set here and keep it (and the audit)")
+    parser.add_argument("--build_only", action="store_true", help="build the data set, do not audit it")
     args, audit_options = parser.parse_known_args()
     audit_options = [a for a in audit_options if a != "--"]
     work = args.keep or Path(tempfile.mkdtemp(prefix="audit-bench-"))
@@ -135,6 +136,11 @@ def main() -> None:
     total = len(list(data.glob("*/*/*.jpg")))
     source = "CIFAR-10 test JPEGs upscaled to 128 px" if args.tarball.is_file() else "embedded shapes, 64 px"
     print(f"{total} images ({source}), {len(flipped)} flipped labels, {len(planted)} planted copies")
+    truth = "".join(f"{a},{b},{int(across)}\n" for a, b, across in planted)
+    (work / "planted.csv").write_text("original,copy,across\n" + truth)
+    (work / "flipped.txt").write_text("".join(f + "\n" for f in sorted(flipped)))
+    if args.build_only:
+        return
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     command = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from PIL import Image
 
 from project.audit.command import check_clean_path, main
 from project.audit.data import AuditDataModule
-from project.audit.duplicates import find_duplicates
+from project.audit.duplicates import Thresholds, find_duplicates
 from project.audit.images import phash
 from project.audit.labels import find_label_issues
 from project.errors import UserError
@@ -96,6 +97,9 @@ def audited(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 def test_audit_writes_every_file_with_its_columns(audited: dict) -> None:
     assert audited["status"] == 0
     out = audited["out"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask  # not a private temporary folder's 0700
     header = {
         "label_issues.csv": ["rank", "file", "split", "given_label", "suggested_label", "label_quality"],
         "duplicates.csv": ["file_a", "file_b", "similarity", "kind", "leak"],
@@ -177,13 +181,22 @@ def test_label_ranking_multilabel() -> None:
     assert issues.ranked[0] == 7 and issues.suggested[7] == [1]
 
 
-def test_duplicates_leak_only_across_splits() -> None:
-    hashes = np.zeros((4, 64), dtype=bool)
-    hashes[2:, :32] = True  # 0~1 and 2~3 alike, the two groups 32 bits apart
-    pairs = find_duplicates(
-        ["x", "x", "y", "z"], hashes, None, np.array(["all", "all", "train", "val"]), 6, 1.0
-    )
+def test_duplicates_leak_only_across_splits_and_need_close_colours() -> None:
+    hashes = np.zeros((5, 64), dtype=bool)
+    hashes[2:, :32] = True  # 0~1 and 2~3~4 alike in hash, the two groups 32 bits apart
+    thumbs = np.zeros((5, 192), dtype=np.float32)
+    thumbs[4] = 100.0  # 4: the same grayscale layout in other colours
+    splits = np.array(["all", "all", "train", "val", "val"])
+    pairs = find_duplicates(["x", "x", "y", "z", "w"], hashes, thumbs, None, splits, Thresholds(6, 10.0, 1.0))
     assert [(p.a, p.b, p.kind, p.leak) for p in pairs] == [(0, 1, "exact", False), (2, 3, "near", True)]
+
+
+def test_embeddings_vouch_only_for_moderate_colour_changes() -> None:
+    hashes = np.zeros((3, 64), dtype=bool)
+    thumbs = np.array([[0.0] * 192, [15.0] * 192, [25.0] * 192], dtype=np.float32)
+    embedding = np.ones((3, 4), dtype=np.float32) / 2  # unit rows, all alike
+    pairs = find_duplicates(["a", "b", "c"], hashes, thumbs, embedding, np.array(["all"] * 3), Thresholds())
+    assert [(p.a, p.b) for p in pairs] == [(1, 2), (0, 1)]  # 10 and 15 levels apart; 0~2 (25) is not
 
 
 def test_phash_survives_resizing_and_recompression(shapes_root: Path, tmp_path: Path) -> None:

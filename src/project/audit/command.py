@@ -16,7 +16,7 @@ from typing import Any
 from torch.utils.data import Subset
 
 from project.audit.data import AuditDataModule, combined
-from project.audit.duplicates import find_duplicates, joint_embedding
+from project.audit.duplicates import Thresholds, find_duplicates, joint_embedding
 from project.audit.folds import Recipe, default_epochs, make_folds, train_folds
 from project.audit.images import read_images
 from project.audit.labels import find_label_issues
@@ -78,16 +78,22 @@ class AuditCLI(ProjectCLI):
         parser.add_argument(
             "--hash_distance",
             type=int,
-            default=8,
-            help="Near duplicates: perceptual hashes (64 bits) at most this many bits apart; or at most "
-            "twice that with embeddings at least --similarity alike.",
+            default=16,
+            help="Near duplicates: perceptual hashes (64 bits) at most this many bits apart...",
+        )
+        parser.add_argument(
+            "--color_distance",
+            type=float,
+            default=10.0,
+            help="...and 8x8 colour thumbnails at most this far apart (mean absolute difference, 0-255); "
+            "up to twice this when the embeddings are at least --similarity alike.",
         )
         parser.add_argument(
             "--similarity",
             type=float,
             default=0.98,
-            help="Near duplicates whose hashes differ by more than --hash_distance bits (crops): mean "
-            "cosine similarity of the fold models' embeddings at least this.",
+            help="Near duplicates: mean cosine similarity of the fold models' embeddings that vouches for "
+            "a pair whose colours moved (crops).",
         )
         parser.add_argument(
             "--outlier_percentile",
@@ -125,6 +131,9 @@ def check_audit_options(config: Any) -> None:
     if config.epochs is not None:
         positive_int("epochs", config.epochs)
     require(0 <= config.hash_distance <= 64, "hash_distance", config.hash_distance, "an integer in [0, 64]")
+    require(
+        0 <= config.color_distance <= 255, "color_distance", config.color_distance, "a number in [0, 255]"
+    )
     require(-1 <= config.similarity <= 1, "similarity", config.similarity, "a number in [-1, 1]")
     require(0 <= config.outlier_percentile < 1, "outlier_percentile", config.outlier_percentile, "in [0, 1)")
     positive_int("top", config.top)
@@ -175,10 +184,10 @@ def audit(cli: AuditCLI) -> Findings:
         pairs=find_duplicates(
             [images.digests[i] for i in good],
             images.hashes[good],
+            images.thumbs[good],
             joint_embedding(outputs.all_embeddings),
             split_of[good],
-            config.hash_distance,
-            config.similarity,
+            Thresholds(config.hash_distance, config.color_distance, config.similarity),
         ),
         outlier_percentile=outlier_percentiles(outputs.all_embeddings, fold_of),
         outlier_limit=config.outlier_percentile,

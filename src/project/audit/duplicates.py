@@ -1,4 +1,4 @@
-"""Exact and near-duplicate pairs: identical bytes, or a close perceptual hash, or nearly equal embeddings.
+"""Exact and near-duplicate pairs: identical bytes, or close perceptual hashes and colours (and embeddings).
 
 A pair whose two files sit in different splits (train/val/test) is a leak: the evaluation sees an
 image the model trained on. Pairs are found block by block, so memory stays O(block x N).
@@ -22,9 +22,19 @@ class Pair:
     a: int
     b: int
     kind: str  # exact (same bytes) or near
-    similarity: float  # mean cosine similarity of the embeddings (1.0 for exact copies)
+    similarity: float  # mean cosine similarity of the fold models' embeddings (1.0 for exact copies)
     hash_distance: int  # differing bits of the 64-bit perceptual hash
+    color_distance: float  # mean absolute difference of the 8x8 colour thumbnails, in levels of 255
     leak: bool
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When two images count as near duplicates (see find_duplicates)."""
+
+    hash_distance: int = 16
+    color_distance: float = 10.0
+    similarity: float = 0.98
 
 
 def joint_embedding(per_model: list[np.ndarray]) -> np.ndarray:
@@ -36,42 +46,49 @@ def joint_embedding(per_model: list[np.ndarray]) -> np.ndarray:
 def find_duplicates(
     digests: list[str],
     hashes: np.ndarray,
+    thumbs: np.ndarray,
     embedding: np.ndarray | None,
     splits: np.ndarray,
-    hash_distance: int,
-    similarity: float,
+    thresholds: Thresholds,
 ) -> list[Pair]:
-    """Every pair with the same bytes; or hashes at most `hash_distance` bits apart; or at most twice that
-    with embeddings at least `similarity` alike. Exact pairs first, then most alike first.
+    """Every pair with the same bytes, or near by `thresholds`; exact pairs first, then most alike first.
 
-    Resized and recompressed copies keep their hash (0-2 bits of 64 on the benchmark), while different
-    pictures differ in 10 or more; a crop moves 10-16 bits, like the closest different pictures, and
-    there the embeddings decide. Embeddings alone do not: a short run from scratch maps different
-    pictures of one class as close as copies (docs/benchmarks.md).
+    Near: perceptual hashes at most `hash_distance` bits apart and colour thumbnails at most
+    `color_distance` apart; or thumbnails up to twice that apart when the embeddings are at least
+    `similarity` alike. On the benchmark's planted copies (docs/benchmarks.md): resized and
+    recompressed copies keep their hash (0-4 bits of 64) and colours (<= 2 levels); a 6% crop moves
+    2-22 bits and 3-18 levels; different pictures come as close in hash (grayscale shapes do) but not
+    in colour. Embeddings alone do not separate: a short run from scratch maps different pictures of
+    one class as close as copies, so they only vouch for crops whose colours moved.
     """
     signs = np.where(hashes, 1.0, -1.0).astype(np.float32)
     bits = hashes.shape[1]
     found: dict[tuple[int, int], Pair] = {}
-    same_bytes = defaultdict(list)
-    for i, digest in enumerate(digests):
-        same_bytes[digest].append(i)
     for start in range(0, len(digests), BLOCK):
         rows = np.arange(start, min(start + BLOCK, len(digests)))
         distance = np.rint((bits - signs[rows] @ signs.T) / 2).astype(np.int64)
-        cosine = embedding[rows] @ embedding.T if embedding is not None else None
-        close = distance <= hash_distance
-        if cosine is not None:
-            close |= (distance <= 2 * hash_distance) & (cosine >= similarity)
-        for r, b in zip(*np.nonzero(close), strict=True):
-            a = int(rows[r])
-            if a < b:
-                sim = float(cosine[r, b]) if cosine is not None else 1 - distance[r, b] / bits
-                found[(a, int(b))] = Pair(a, int(b), "near", sim, int(distance[r, b]), _leak(splits, a, b))
+        r, b = np.nonzero(distance <= thresholds.hash_distance)
+        a = rows[r]
+        a, b, r = a[a < b], b[a < b], r[a < b]
+        colour = np.abs(thumbs[a] - thumbs[b]).mean(axis=1)
+        cosine = (
+            np.einsum("ij,ij->i", embedding[a], embedding[b]) if embedding is not None else np.zeros(len(a))
+        )
+        near = (colour <= thresholds.color_distance) | (
+            (colour <= 2 * thresholds.color_distance) & (cosine >= thresholds.similarity)
+        )
+        for i in np.flatnonzero(near):
+            pair = Pair(int(a[i]), int(b[i]), "near", float(cosine[i]), int(distance[r[i], b[i]]),
+                        float(colour[i]), _leak(splits, int(a[i]), int(b[i])))  # fmt: skip
+            found[(pair.a, pair.b)] = pair
+    same_bytes = defaultdict(list)
+    for i, digest in enumerate(digests):
+        same_bytes[digest].append(i)
     for group in same_bytes.values():
         for x, a in enumerate(group):
             for b in group[x + 1 :]:
-                found[(a, b)] = Pair(a, b, "exact", 1.0, 0, _leak(splits, a, b))
-    return sorted(found.values(), key=lambda p: (p.kind != "exact", -p.similarity, p.hash_distance))
+                found[(a, b)] = Pair(a, b, "exact", 1.0, 0, 0.0, _leak(splits, a, b))
+    return sorted(found.values(), key=lambda p: (p.kind != "exact", p.hash_distance, p.color_distance))
 
 
 def _leak(splits: np.ndarray, a: int, b: int) -> bool:

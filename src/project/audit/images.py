@@ -22,6 +22,7 @@ from project.data.index import ImageIndex
 
 HASH_SIDE = 32  # pHash: grayscale 32x32, the 8x8 lowest DCT frequencies
 HASH_KEEP = 8
+THUMB_SIDE = 8  # the colour thumbnail: 8x8 RGB, compared by mean absolute difference
 CHUNK = 64
 
 
@@ -54,6 +55,7 @@ class AuditImages:
     decoded: DecodedImages
     digests: list[str]  # "" for a bad file
     hashes: np.ndarray  # bool [N, 64]
+    thumbs: np.ndarray  # float32 [N, 8 * 8 * 3]: the colours pHash (grayscale) does not see
     bad: dict[int, str]  # position in the index -> why the file was refused
 
     @property
@@ -72,29 +74,30 @@ class _Read(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor | None, str, np.ndarray, str]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor | None, str, np.ndarray, np.ndarray, str]:
         path = self.index.path(i)
         try:
             data = read_file(path)  # the one read of this file
             rgb = decode_rgb(data, path)  # the decoding rule of every command (Pillow's pixels)
         except BadImageError as e:
-            return None, "", np.zeros(HASH_KEEP * HASH_KEEP, dtype=bool), e.reason
+            return None, "", np.zeros(HASH_KEEP**2, dtype=bool), np.zeros(THUMB_SIDE**2 * 3), e.reason
         digest = hashlib.sha256(data).hexdigest()
         bits = phash(rgb)
+        thumb = Image.fromarray(rgb).resize((THUMB_SIDE, THUMB_SIDE), Image.Resampling.BOX)
         image = torch.from_numpy(np.ascontiguousarray(rgb.transpose(2, 0, 1)))
         if min(image.shape[1:]) > self.side:
             image = self.resize(image)
-        return image.contiguous(), digest, bits, ""
+        return image.contiguous(), digest, bits, np.asarray(thumb, dtype=np.float32).reshape(-1), ""
 
 
 def read_images(index: ImageIndex, side: int, num_workers: int) -> AuditImages:
     """Decode every file of `index` once, in `num_workers` loader processes."""
     loader = DataLoader(_Read(index, side), batch_size=CHUNK, num_workers=num_workers, collate_fn=list)
     images: list[torch.Tensor] = []
-    shapes, digests, hashes, bad = [], [], [], {}
+    shapes, digests, hashes, thumbs, bad = [], [], [], [], {}
     position = 0
     for chunk in loader:
-        for image, digest, bits, reason in chunk:
+        for image, digest, bits, thumb, reason in chunk:
             if image is None:
                 bad[position] = reason
                 shapes.append((0, 0, 0))
@@ -103,9 +106,12 @@ def read_images(index: ImageIndex, side: int, num_workers: int) -> AuditImages:
                 shapes.append(tuple(image.shape))
             digests.append(digest)
             hashes.append(bits)
+            thumbs.append(thumb)
             position += 1
     all_shapes = torch.tensor(shapes, dtype=torch.int32).reshape(-1, 3)
     sizes = all_shapes.to(torch.int64).prod(dim=1)
     buffer = torch.cat(images) if images else torch.empty(0, dtype=torch.uint8)
     decoded = DecodedImages(buffer, torch.cumsum(sizes, 0) - sizes, all_shapes)
-    return AuditImages(decoded, digests, np.array(hashes, dtype=bool).reshape(-1, 64), bad)
+    hash_bits = np.array(hashes, dtype=bool).reshape(-1, HASH_KEEP**2)
+    colours = np.array(thumbs, dtype=np.float32).reshape(-1, THUMB_SIDE**2 * 3)
+    return AuditImages(decoded, digests, hash_bits, colours, bad)

@@ -91,7 +91,7 @@ def duplicate_rows(f: Findings) -> list[list[object]]:
     return [
         [f.file(p.a), f.file(p.b), f"{p.similarity:.6f}", p.kind, str(p.leak).lower(),
          f.split_of[f.good[p.a]], f.split_of[f.good[p.b]], f.names(f.given(p.a)), f.names(f.given(p.b)),
-         p.hash_distance]
+         p.hash_distance, f"{p.color_distance:.2f}"]
         for p in f.pairs
     ]  # fmt: skip
 
@@ -123,7 +123,7 @@ def write_findings(f: Findings, out: Path) -> None:
                  "p_given", "p_suggested"], label_issue_rows(f)),
             "duplicates.csv": _csv(
                 ["file_a", "file_b", "similarity", "kind", "leak", "split_a", "split_b", "label_a",
-                 "label_b", "hash_distance"], duplicate_rows(f)),
+                 "label_b", "hash_distance", "color_distance"], duplicate_rows(f)),
             "outliers.csv": _csv(
                 ["rank", "file", "split", "label", "typicality_percentile", "max_probability"],
                 outlier_rows(f)),
@@ -132,6 +132,9 @@ def write_findings(f: Findings, out: Path) -> None:
                 probability_rows(f)),
             "report.html": render_html(f).encode("utf-8", "surrogateescape"),
         }  # fmt: skip
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(staging, 0o777 & ~mask)  # a folder like any other in logs/, not mkdtemp's private 0700
         for name, data in files.items():
             atomic_write(staging / name, data)
         if f.images.bad:
@@ -214,7 +217,7 @@ def render_html(f: Findings) -> str:
     for row in f.issues.ranked[: f.top]:
         caption = (
             f"given <b class='bad'>{e(f.names(f.given(row)))}</b><br>suggested "
-            f"<b>{e(f.names(f.issues.suggested[row]))}</b><br>quality {f.issues.quality[row]:.3f}"
+            f"<b>{e(f.names(f.issues.suggested[row]))}</b><br>quality {f.issues.quality[row]:.2g}"
         )
         parts.append(_card(f, row, caption))
     parts.append(f"<h2>Duplicates ({len(f.pairs):,} pairs; top {min(f.top, len(f.pairs))})</h2>")
@@ -226,7 +229,7 @@ def render_html(f: Findings) -> str:
         )
         parts.append(
             f"<div class='{cls}'>{cards}<br><small>{note}{p.kind}, similarity {p.similarity:.3f}, "
-            f"hash distance {p.hash_distance}</small></div>"
+            f"hash distance {p.hash_distance}, colour distance {p.color_distance:.1f}</small></div>"
         )
     outliers = f.outliers
     parts.append(f"<h2>Outliers ({len(outliers):,}; top {min(f.top, len(outliers))})</h2>")
