@@ -247,3 +247,19 @@ def test_missing_cleanlab_is_one_message(
     )
     assert run_audit("--data.root=nowhere") == 2
     assert "pip install -e '.[audit]'" in capsys.readouterr().err
+
+
+def test_multilabel_csv_is_audited(tmp_path: Path, workdir: Path) -> None:
+    """A labels CSV: random folds, sigmoid probabilities per label, label sets in the CSVs."""
+    from project.data.multishapes import generate_multishapes
+
+    csv_path = generate_multishapes(tmp_path / "multi", 24, 8, image_size=32) / "labels.csv"
+    assert run_audit(f"--data.labels_csv={csv_path}", *TINY, "--name=m") == 0
+    out = workdir / "logs" / "m" / "audit"
+    rows = read(out / "oof_probabilities.csv")
+    assert len(rows) == 32 and {r["split"] for r in rows} == {"train", "val"}
+    assert any(len(r["label"].split()) > 1 for r in rows)  # label sets, space-separated
+    probs = np.array([[float(v) for k, v in r.items() if k.startswith("p_")] for r in rows])
+    assert ((probs >= 0) & (probs <= 1)).all() and not np.allclose(probs.sum(axis=1), 1.0)
+    header = (out / "label_issues.csv").read_text().splitlines()[0]
+    assert "given_label" in header and "suggested_label" in header

@@ -144,8 +144,8 @@ def audit(cli: AuditCLI) -> Findings:
     config, data = cli.config, cli.datamodule
     started = time.perf_counter()
     index, split_of = combined(data.splits, data.root)
-    out = audit_folder(config.name)
     clean = check_clean_path(config.write_clean, data.root)
+    out = audit_folder(config.name)
     side = round(data.image_size / data.crop_ratio)
     print(f"Reading {len(index):,} images of {data.num_classes} classes from '{data.root}' (read only)...")
     images = read_images(index, side, data.num_workers)
