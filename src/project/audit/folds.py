@@ -2,7 +2,7 @@
 
 Each fold trains a copy of the configured model (same initial weights) on the other folds, with the
 data module's own transforms, then predicts every image once: the held-out rows give the
-out-of-fold probabilities and embeddings; all rows give that model's embedding space, used to
+out-of-fold probabilities; all rows give that model's embedding space, used to
 compare images for duplicates. Embeddings are the input of the classification layer
 (project.backbones.head_of), taken by a forward hook: no change to the model.
 """
@@ -34,10 +34,9 @@ MIN_EPOCHS, MAX_EPOCHS = 3, 15
 
 @dataclass
 class FoldOutputs:
-    """Out-of-fold probabilities [N, C] and embeddings [N, D]; per fold, every image's embedding."""
+    """Out-of-fold probabilities [N, C]; per fold model, every image's embedding [N, D]."""
 
     probabilities: np.ndarray
-    embeddings: np.ndarray
     fold_of: np.ndarray  # the fold each image was held out in
     all_embeddings: list[np.ndarray]  # per fold model: [N, D] of every image
 
@@ -103,11 +102,10 @@ def train_folds(
     fold_of: np.ndarray,
     recipe: Recipe,
 ) -> FoldOutputs:
-    """Train one model per fold and collect out-of-fold probabilities and embeddings."""
+    """Train one model per fold; collect out-of-fold probabilities and each model's embeddings."""
     folds = int(fold_of.max()) + 1
     bar = FoldProgressBar(folds) if recipe.progress else None
     probabilities: np.ndarray | None = None
-    embeddings: np.ndarray | None = None
     every: list[np.ndarray] = []
     for k in range(folds):
         held_out = np.flatnonzero(fold_of == k)
@@ -122,12 +120,10 @@ def train_folds(
             probs, feats = predict(fold_model, trainer, _loader(eval_data, np.arange(len(fold_of)), recipe))
         if probabilities is None:
             probabilities = np.zeros((len(fold_of), probs.shape[1]), dtype=np.float32)
-            embeddings = np.zeros((len(fold_of), feats.shape[1]), dtype=np.float32)
         probabilities[held_out] = probs[held_out]
-        embeddings[held_out] = feats[held_out]
         every.append(feats)
-    assert probabilities is not None and embeddings is not None
-    return FoldOutputs(probabilities, embeddings, fold_of, every)
+    assert probabilities is not None
+    return FoldOutputs(probabilities, fold_of, every)
 
 
 @contextmanager

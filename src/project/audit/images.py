@@ -1,4 +1,4 @@
-"""Read every image of the audit once: its bytes hash, its perceptual hash and a small decoded copy.
+"""Read every image of the audit once: bytes hash, perceptual hash, colour thumbnail, small decoded copy.
 
 The copy (short side `side` pixels, what the evaluation transform resizes to anyway) is kept as a
 DecodedImages buffer, so every fold trains from memory and the files are read exactly once, read only.
