@@ -16,6 +16,7 @@ COMMANDS = {
     "doctor": "project.doctor",
     "new": "project.new",
     "sweep": "project.sweep.command",
+    "audit": "project.audit.command",
 }
 
 

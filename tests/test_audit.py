@@ -1,0 +1,265 @@
+"""`python -m project audit`: its files, planted duplicates and leaks, label ranking, read-only data."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from project.audit.command import check_clean_path, main
+from project.audit.data import AuditDataModule
+from project.audit.duplicates import Thresholds, find_duplicates
+from project.audit.images import phash
+from project.audit.labels import find_label_issues
+from project.errors import UserError
+
+TINY = [
+    "--data.image_size=32",
+    "--data.batch_size=16",
+    "--data.num_workers=0",
+    "--model.backbone=resnet18",
+    "--model.scheduler.init_args.warmup_steps=1",
+    "--trainer.enable_progress_bar=false",
+    "--folds=2",
+    "--epochs=1",
+]
+EXACT = ("train/circle/00000.jpg", "val/circle/copy-exact.jpg")
+RESIZED = ("train/square/00001.jpg", "val/square/copy-resized.jpg")
+BROKEN = "train/star/broken.jpg"
+
+
+def run_audit(*args: str) -> int:
+    saved, sys.argv = sys.argv, ["project"]
+    try:
+        main(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def fingerprint(root: Path) -> dict[str, str]:
+    """Every file under `root` (hidden ones too) and the sha256 of its bytes."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def read(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def audited(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The shapes (6 classes x 12) plus an exact and a resized copy in val, a broken file; audited once."""
+    base = tmp_path_factory.mktemp("audit")
+    data = base / "data"
+    shutil.copytree(shapes_root, data)
+    shutil.copy(data / EXACT[0], data / EXACT[1])
+    Image.open(data / RESIZED[0]).resize((44, 44), Image.Resampling.BICUBIC).save(
+        data / RESIZED[1], quality=75
+    )
+    (data / BROKEN).write_bytes(b"\xff\xd8\xff not really a jpeg")
+    config = base / "audit.yaml"
+    config.write_text("data:\n  crop_ratio: 1.0\n")  # a --config like fit's
+    before = fingerprint(data)
+    work = base / "work"
+    work.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)
+        status = run_audit(
+            f"--data.root={data}",
+            f"--config={config}",
+            *TINY,
+            "--name=a",
+            f"--write_clean={base / 'keep.txt'}",
+        )
+    return {
+        "status": status,
+        "data": data,
+        "before": before,
+        "out": work / "logs" / "a" / "audit",
+        "base": base,
+    }
+
+
+def test_audit_writes_every_file_with_its_columns(audited: dict) -> None:
+    assert audited["status"] == 0
+    out = audited["out"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask  # not a private temporary folder's 0700
+    header = {
+        "label_issues.csv": ["rank", "file", "split", "given_label", "suggested_label", "label_quality"],
+        "duplicates.csv": ["file_a", "file_b", "similarity", "kind", "leak"],
+        "outliers.csv": ["rank", "file", "split", "label", "typicality_percentile"],
+        "oof_probabilities.csv": [
+            "file",
+            "split",
+            "label",
+            "fold",
+            "label_quality",
+            "p_circle",
+            "p_triangle",
+        ],
+    }
+    for name, columns in header.items():
+        with open(out / name, newline="") as f:
+            found = next(csv.reader(f))
+        assert set(columns) <= set(found), name
+    rows = read(out / "oof_probabilities.csv")
+    assert len(rows) == 6 * 12 + 2  # every readable image once, the broken one not
+    probs = np.array([[float(r[f"p_{c}"]) for c in ("circle", "cross", "ring", "square", "star", "triangle")]
+                      for r in rows])  # fmt: skip
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-4)
+    assert {r["fold"] for r in rows} == {"0", "1"}
+    page = (out / "report.html").read_text()
+    assert page.count('<img src="data:image/jpeg;base64,') >= 4  # at least the two planted pairs
+
+
+def test_planted_exact_and_resized_copies_are_leaks(audited: dict) -> None:
+    pairs = {frozenset((r["file_a"], r["file_b"])): r for r in read(audited["out"] / "duplicates.csv")}
+    exact, resized = pairs[frozenset(EXACT)], pairs[frozenset(RESIZED)]
+    assert (exact["kind"], exact["leak"], float(exact["similarity"])) == ("exact", "true", 1.0)
+    assert (resized["kind"], resized["leak"]) == ("near", "true")
+
+
+def test_data_folder_is_unchanged(audited: dict) -> None:
+    assert fingerprint(audited["data"]) == audited["before"]
+
+
+def test_bad_file_is_skipped_and_listed(audited: dict) -> None:
+    listed = (audited["out"] / "skipped_files.txt").read_text()
+    assert BROKEN in listed and "\t" in listed
+    assert BROKEN not in (audited["out"] / "oof_probabilities.csv").read_text()
+    assert "broken.jpg" in (audited["out"] / "report.html").read_text()
+
+
+def test_write_clean_lists_files_and_moves_nothing(audited: dict) -> None:
+    keep = (audited["base"] / "keep.txt").read_text().splitlines()
+    assert keep and all((audited["data"] / name).is_file() for name in keep)
+    assert BROKEN not in keep
+    # one of each planted pair stays: the evaluation split's (val) copy, the training one goes
+    assert EXACT[0] not in keep or EXACT[1] not in keep
+    assert len(fingerprint(audited["data"])) == len(audited["before"])
+
+
+def test_label_ranking_puts_flipped_labels_first() -> None:
+    """Out-of-fold probabilities sure of another class than 3 given labels: those 3 lead the ranking."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 25)
+    truth = labels.copy()
+    flipped = np.array([3, 40, 77])
+    labels[flipped] = (labels[flipped] + 1) % 4
+    probs = rng.dirichlet(np.ones(4) * 0.3, size=100) * 0.2
+    probs[np.arange(100), truth] += 0.8
+    probs[flipped] = 0.01
+    probs[flipped, truth[flipped]] = 0.97  # the models are sure of the true class
+    issues = find_label_issues(labels, probs)
+    assert set(issues.ranked[:3].tolist()) == set(flipped.tolist())
+    assert [issues.suggested[i] for i in flipped] == [[int(truth[i])] for i in flipped]
+    assert issues.quality[flipped].max() < np.delete(issues.quality, flipped).min()
+
+
+def test_label_ranking_multilabel() -> None:
+    labels = np.zeros((60, 3), dtype=np.uint8)
+    labels[np.arange(60), np.arange(60) % 3] = 1
+    probs = np.where(labels == 1, 0.9, 0.05).astype(np.float64)
+    labels[7] = [0, 0, 1]  # the model is sure it is class 1 only
+    issues = find_label_issues(labels, probs)
+    assert issues.ranked[0] == 7 and issues.suggested[7] == [1]
+
+
+def test_duplicates_leak_only_across_splits_and_need_close_colours() -> None:
+    hashes = np.zeros((5, 64), dtype=bool)
+    hashes[2:, :32] = True  # 0~1 and 2~3~4 alike in hash, the two groups 32 bits apart
+    thumbs = np.zeros((5, 192), dtype=np.float32)
+    thumbs[4] = 100.0  # 4: the same grayscale layout in other colours
+    splits = np.array(["all", "all", "train", "val", "val"])
+    pairs = find_duplicates(["x", "x", "y", "z", "w"], hashes, thumbs, None, splits, Thresholds(6, 10.0, 1.0))
+    assert [(p.a, p.b, p.kind, p.leak) for p in pairs] == [(0, 1, "exact", False), (2, 3, "near", True)]
+
+
+def test_embeddings_vouch_only_for_moderate_colour_changes() -> None:
+    hashes = np.zeros((3, 64), dtype=bool)
+    thumbs = np.array([[0.0] * 192, [15.0] * 192, [25.0] * 192], dtype=np.float32)
+    embedding = np.ones((3, 4), dtype=np.float32) / 2  # unit rows, all alike
+    pairs = find_duplicates(["a", "b", "c"], hashes, thumbs, embedding, np.array(["all"] * 3), Thresholds())
+    assert [(p.a, p.b) for p in pairs] == [(1, 2), (0, 1)]  # 10 and 15 levels apart; 0~2 (25) is not
+
+
+def test_phash_survives_resizing_and_recompression(shapes_root: Path, tmp_path: Path) -> None:
+    original = Image.open(shapes_root / "train" / "star" / "00002.jpg").resize((128, 128))
+    original.resize((96, 96)).save(tmp_path / "copy.jpg", quality=60)
+    other = Image.open(shapes_root / "train" / "ring" / "00003.jpg").resize((128, 128))
+    a, b, c = (
+        phash(np.asarray(im.convert("RGB"))) for im in (original, Image.open(tmp_path / "copy.jpg"), other)
+    )
+    assert (a != b).sum() <= 4 < (a != c).sum()
+
+
+def test_unsplit_layouts_are_audited_whole(flat_root: Path, tmp_path: Path) -> None:
+    assert list(AuditDataModule(root=str(flat_root)).splits) == ["all"]
+    train_only = tmp_path / "train_only"
+    shutil.copytree(flat_root, train_only / "train")
+    assert list(AuditDataModule(root=str(train_only)).splits) == ["train"]
+    split = AuditDataModule(root=str(flat_root), val_split=0.25).splits  # as fit would split it
+    assert list(split) == ["train", "val"]
+
+
+def test_too_many_folds_is_one_message(
+    shapes_root: Path, workdir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert run_audit(f"--data.root={shapes_root}", *TINY, "--folds=13") == 2
+    err = capsys.readouterr().err
+    assert "--folds=13" in err and "Fix:" in err and "Traceback" not in err
+    assert run_audit(f"--data.root={shapes_root}", *TINY, "--folds=1") == 2
+    assert "--folds=1" in capsys.readouterr().err
+
+
+def test_write_clean_never_inside_the_data_or_over_a_file(shapes_root: Path, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="inside the data folder"):
+        check_clean_path(str(shapes_root / "keep.txt"), shapes_root)
+    (tmp_path / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="already exists"):
+        check_clean_path(str(tmp_path / "keep.txt"), shapes_root)
+
+
+def test_missing_cleanlab_is_one_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "cleanlab" else real(name, *a)
+    )
+    assert run_audit("--data.root=nowhere") == 2
+    assert "pip install -e '.[audit]'" in capsys.readouterr().err
+
+
+def test_multilabel_csv_is_audited(tmp_path: Path, workdir: Path) -> None:
+    """A labels CSV: random folds, sigmoid probabilities per label, label sets in the CSVs."""
+    from project.data.multishapes import generate_multishapes
+
+    csv_path = generate_multishapes(tmp_path / "multi", 24, 8, image_size=32) / "labels.csv"
+    assert run_audit(f"--data.labels_csv={csv_path}", *TINY, "--name=m") == 0
+    out = workdir / "logs" / "m" / "audit"
+    rows = read(out / "oof_probabilities.csv")
+    assert len(rows) == 32 and {r["split"] for r in rows} == {"train", "val"}
+    assert any(len(r["label"].split()) > 1 for r in rows)  # label sets, space-separated
+    probs = np.array([[float(v) for k, v in r.items() if k.startswith("p_")] for r in rows])
+    assert ((probs >= 0) & (probs <= 1)).all() and not np.allclose(probs.sum(axis=1), 1.0)
+    header = (out / "label_issues.csv").read_text().splitlines()[0]
+    assert "given_label" in header and "suggested_label" in header
