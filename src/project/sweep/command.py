@@ -294,7 +294,7 @@ def _describe(running: list[optuna.trial.FrozenTrial]) -> str:
 def main(argv: list[str]) -> None:
     """Run the sweep (or only its summary); user mistakes end in one message and exit status 2."""
     if {"-h", "--help"} & set(argv):
-        print(__doc__)
+        print(f"usage: {__doc__.strip()}")
         return
     try:
         command = parse_argv(list(argv))
