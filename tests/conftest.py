@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -59,9 +60,14 @@ def fast_args(root: Path, *extra: str) -> list[str]:
 
 def run_cli(*args: str) -> int:
     """Run `python -m project ARGS` in this process; returns the exit status."""
+    return exit_status(main, *args)
+
+
+def exit_status(entry: Callable[[list[str]], object], *args: str) -> int:
+    """Run a command's `main(argv)` in this process; returns its exit status."""
     saved, sys.argv = sys.argv, ["project"]  # pytest's own flags are not ours
     try:
-        main(list(args))
+        entry(list(args))
     except SystemExit as e:
         return int(e.code or 0)
     finally:

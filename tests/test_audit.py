@@ -6,7 +6,6 @@ import csv
 import hashlib
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from project.audit.duplicates import Thresholds, find_duplicates
 from project.audit.images import phash
 from project.audit.labels import find_label_issues
 from project.errors import UserError
+from tests.conftest import exit_status
 
 TINY = [
     "--data.image_size=32",
@@ -36,14 +36,7 @@ BROKEN = "train/star/broken.jpg"
 
 
 def run_audit(*args: str) -> int:
-    saved, sys.argv = sys.argv, ["project"]
-    try:
-        main(list(args))
-    except SystemExit as e:
-        return int(e.code or 0)
-    finally:
-        sys.argv = saved
-    return 0
+    return exit_status(main, *args)
 
 
 def fingerprint(root: Path) -> dict[str, str]:
