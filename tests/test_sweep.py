@@ -137,6 +137,37 @@ def test_unreachable_storage_is_one_message(tmp_path: Path) -> None:
     assert "secret" not in str(e.value)
 
 
+OPEN_AT = """
+import sys, time
+from project.sweep import command
+from project.sweep.settings import parse_argv
+sweep = parse_argv(["--config", sys.argv[1]]).sweep
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+command.open_study(sweep)
+"""
+
+
+def test_processes_starting_together_on_a_new_study_all_open_it(tmp_path: Path) -> None:
+    """Sweeps started at the same instant on a new SQLite file: each opens the study (they used to race
+    creating its tables, and all but one failed with "table ... already exists")."""
+    for attempt in range(3):
+        database = tmp_path / f"study-{attempt}.db"
+        config = sweep_config(tmp_path, name="together", storage=f"sqlite:///{database}")
+        start = time.time() + 3  # after every interpreter has imported optuna
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-c", OPEN_AT, str(config), str(start)],
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(Path(project.__file__).parents[1])},
+            )
+            for _ in range(4)
+        ]
+        errors = [p.communicate(timeout=120)[1] for p in processes]
+        assert [p.returncode for p in processes] == [0] * 4, errors
+        assert optuna.load_study(study_name="together", storage=f"sqlite:///{database}").trials == []
+
+
 # The trial logic, with the fit replaced by what a fit does to the study (see SweepTrial).
 def fake_fit(values: dict[int, float], code: int = 0, pruned: bool = False):
     def run_fit(args: list[str], env: dict[str, str]) -> tuple[int, str]:

@@ -14,6 +14,7 @@ killed) is marked failed by whichever sweep process looks next, and its paramete
 from __future__ import annotations
 
 import collections
+import contextlib
 import difflib
 import io
 import json
@@ -25,9 +26,15 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: one process per study file
+    fcntl = None
 
 import optuna
 import yaml
@@ -74,30 +81,33 @@ def open_study(sweep: Sweep) -> optuna.Study:
     import sqlalchemy
 
     url = sweep.storage
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            storage = rdb_storage(
-                url,
-                heartbeat_interval=sweep.heartbeat,
-                grace_period=3 * sweep.heartbeat,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
-            )
-        study = optuna.create_study(
-            study_name=sweep.name,
-            storage=storage,
-            direction=sweep.direction,
-            pruner=make_pruner(sweep.pruner),
-            load_if_exists=True,
-        )
-    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as e:
-        raise UserError(
-            f"sweep.storage '{_masked(url)}' cannot be opened: {str(e).splitlines()[0]}",
-            "check the URL, that the database server runs and is reachable, and that its driver is "
-            "installed (PostgreSQL: pip install psycopg2-binary).",
-        ) from None
+    for attempt in range(SCHEMA_TRIES):
+        try:
+            with _schema_lock(url), warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                storage = rdb_storage(
+                    url,
+                    heartbeat_interval=sweep.heartbeat,
+                    grace_period=3 * sweep.heartbeat,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                        max_retry=1
+                    ),
+                )
+                study = optuna.create_study(
+                    study_name=sweep.name,
+                    storage=storage,
+                    direction=sweep.direction,
+                    pruner=make_pruner(sweep.pruner),
+                    load_if_exists=True,
+                )
+            break
+        except sqlalchemy.exc.SQLAlchemyError as e:
+            if "already exists" in str(e) and attempt + 1 < SCHEMA_TRIES:
+                time.sleep(0.5 + attempt)  # another machine created the tables a moment before: load them
+                continue
+            raise _unreachable(url, e) from None
+        except (ImportError, ValueError) as e:
+            raise _unreachable(url, e) from None
     if study.direction.name.lower() != sweep.direction:
         raise UserError(
             f"Study '{sweep.name}' in '{_masked(url)}' was created to {study.direction.name.lower()} its "
@@ -105,6 +115,39 @@ def open_study(sweep: Sweep) -> optuna.Study:
             "keep the study's direction, or start a new study with another sweep.name.",
         )
     return study
+
+
+SCHEMA_TRIES = 4
+
+
+@contextlib.contextmanager
+def _schema_lock(url: str) -> Iterator[None]:
+    """Processes opening one new SQLite study create its tables one at a time.
+
+    Optuna creates the schema table by table; two processes starting together on a new file both see no
+    tables and the second fails with "table ... already exists". A blocking POSIX lock on a file beside
+    the database orders them (the kernel drops it if a holder is killed). Other databases are shared by
+    several machines, where no local lock helps: open_study retries those instead.
+    """
+    if not url.startswith("sqlite:///") or fcntl is None:
+        yield
+        return
+    database = Path(url.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(database.with_name(database.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the file releases the lock
+
+
+def _unreachable(url: str, e: Exception) -> UserError:
+    return UserError(
+        f"sweep.storage '{_masked(url)}' cannot be opened: {str(e).splitlines()[0]}",
+        "check the URL, that the database server runs and is reachable, and that its driver is "
+        "installed (PostgreSQL: pip install psycopg2-binary).",
+    )
 
 
 def _masked(url: str) -> str:
