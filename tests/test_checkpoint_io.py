@@ -7,6 +7,7 @@ import hashlib
 import os
 import random
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -53,9 +54,33 @@ def test_checkpoint_is_renamed_into_place_from_a_hidden_partial(tmp_path: Path, 
     monkeypatch.setattr(project.atomic.os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd)))
     path = tmp_path / "run" / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}, "epoch": 1}, path)
-    assert renames == [(path.with_name(".last.ckpt.partial"), path)]
+    [(partial, final)] = renames
+    assert final == path and partial.parent == path.parent
+    assert partial.name.startswith(".last.ckpt.") and partial.name.endswith(".partial")
     assert len(syncs) == 2  # the file, then its folder
     assert torch.equal(AtomicCheckpointIO().load_checkpoint(path)["state_dict"]["w"], torch.ones(3))
+
+
+def test_two_writers_of_one_file_each_rename_their_own(tmp_path: Path) -> None:
+    """Writers of one name at once (two sweeps summarizing one study) used to share the temporary file:
+    the second rename found it gone (FileNotFoundError) or the file mixed both writers' bytes."""
+    target = tmp_path / "picture.png"
+    first, second = project.atomic.partial_path(target), project.atomic.partial_path(target)
+    assert first != second
+    barrier = threading.Barrier(8)
+
+    def write(n: int) -> None:
+        barrier.wait()
+        atomic_write(target, bytes([n]) * 1_000_000)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    data = target.read_bytes()
+    assert len(data) == 1_000_000 and len(set(data)) == 1  # one writer's whole file
+    assert [p.name for p in tmp_path.iterdir()] == ["picture.png"]
 
 
 def digests(folder: Path) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -11,8 +12,12 @@ from pathlib import Path
 
 
 def partial_path(path: Path) -> Path:
-    """The temporary name next to `path`: hidden, and never matched by `*.ckpt` or `last*` globs."""
-    return path.with_name(f".{path.name}.partial")
+    """A temporary name next to `path`, this writer's own: hidden, never matched by `*.ckpt` or `last*`.
+
+    Unique per call, so two processes writing one file at once (two sweeps summarizing one study) each
+    rename a complete file of their own instead of one renaming the other's away.
+    """
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | memoryview) -> None:
@@ -24,7 +29,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | memoryview) -> None:
     path = Path(path)
     partial = partial_path(path)
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = memoryview(data)
             while view:
