@@ -83,6 +83,9 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
         int8_meta.update(measure(onnx_path, partial, datamodule, size, crop_ratio, meta))
         sidecar_partial = sidecar.with_name(f".{sidecar.name}.partial")
         sidecar_partial.write_text(json.dumps(int8_meta, indent=2) + "\n")
+        for path in (partial, sidecar_partial):
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
         os.replace(partial, final)
         os.replace(sidecar_partial, sidecar)
     finally:
@@ -116,9 +119,7 @@ def measure(
 ) -> dict:
     """Agreement and accuracy on the validation split, latency at batch 1 and 8, and the int8 calibration."""
     float_session, int8_session = _session(float_path), _session(int8_path)
-    result: dict = {
-        "latency_ms": {"float": latency(float_session, size), "int8": latency(int8_session, size)}
-    }
+    result: dict = {"latency_ms": latency({"float": float_session, "int8": int8_session}, size)}
     try:
         loader = calibrate.validation_loader(datamodule, size, crop_ratio)
     except ValueError as e:
@@ -148,20 +149,25 @@ def measure(
     return result
 
 
-def latency(session: object, size: int, repeats: int = 20) -> dict[str, float]:
-    """Median milliseconds per call at each batch size of LATENCY_BATCHES (after 3 warm-up calls)."""
+def latency(sessions: dict[str, object], size: int, repeats: int = 20) -> dict[str, dict[str, float]]:
+    """Median milliseconds per call of each session at each batch size of LATENCY_BATCHES.
+
+    The sessions take turns call by call (after 3 warm-up calls each), so that other work on the
+    machine slows both alike.
+    """
     rng = np.random.default_rng(0)
-    out = {}
+    out: dict[str, dict[str, float]] = {name: {} for name in sessions}
     for batch in LATENCY_BATCHES:
         images = rng.integers(0, 256, (batch, 3, size, size), dtype=np.uint8)
-        for _ in range(3):
-            session.run(["logits"], {"images": images})
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            session.run(["logits"], {"images": images})
-            times.append(time.perf_counter() - start)
-        out[str(batch)] = float(np.median(times) * 1000)
+        times: dict[str, list[float]] = {name: [] for name in sessions}
+        for repeat in range(3 + repeats):
+            for name, session in sessions.items():
+                start = time.perf_counter()
+                session.run(["logits"], {"images": images})
+                if repeat >= 3:
+                    times[name].append(time.perf_counter() - start)
+        for name in sessions:
+            out[name][str(batch)] = float(np.median(times[name]) * 1000)
     return out
 
 

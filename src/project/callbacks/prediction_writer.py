@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from project import prediction_csv
 from project.calibration import UNKNOWN, Calibration
+from project.errors import UserError
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -85,7 +86,13 @@ class PredictionWriter(BasePredictionWriter):
         if self.sidecar is None:
             return None
         if self.sidecar != "auto":
-            return json.loads(Path(self.sidecar).read_text())
+            try:
+                return json.loads(Path(self.sidecar).read_text())
+            except (OSError, ValueError) as e:
+                raise UserError(
+                    f"--predictions.sidecar '{self.sidecar}' is not a readable export sidecar ({e}).",
+                    "pass the .json that `python -m project export` wrote beside the .onnx, or `auto`.",
+                ) from None
         found = export_of(trainer.ckpt_path)
         if found is None:
             if trainer.is_global_zero:
