@@ -22,6 +22,7 @@ from torch import nn
 import project
 from project import calibration
 from project.calibrate import calibrate_export, check_accept, check_score
+from project.calibrate import skipped as calibration_skipped
 from project.checkpoint_io import load_checkpoint_file
 from project.data.decode import load_rgb
 from project.data.shapes import CLASSES, draw_shape
@@ -86,6 +87,7 @@ def export_checkpoint(
     unknown_accept: float | None = calibration.DEFAULT_ACCEPT,
     unknown_score: str = "energy",
     quantize: str | None = None,
+    calibrate: bool = True,
 ) -> Exported:
     """Export `ckpt_path` next to it (or into `output_dir`); verify on random and real images.
 
@@ -129,6 +131,8 @@ def export_checkpoint(
             calibrate_export(
                 deployable, datamodule, size, crop_ratio, model.task, unknown_accept, unknown_score
             )
+            if calibrate
+            else calibration_skipped("turned off (calibrate=false)")
         )
         metadata["files"] = {fmt: final[fmt].name for fmt in FORMATS}
         partial["json"].write_text(json.dumps(metadata, indent=2) + "\n")

@@ -60,6 +60,7 @@ class Trainer(L.Trainer):
         unknown_accept: float | None = DEFAULT_ACCEPT,
         unknown_score: Literal["energy", "max_probability"] = "energy",
         quantize: Literal["int8"] | None = None,
+        calibrate: bool = True,
     ) -> None:
         """Export a checkpoint to ONNX and .pt2, verified against PyTorch, with a JSON sidecar.
 
@@ -75,6 +76,8 @@ class Trainer(L.Trainer):
             unknown_score: What the threshold applies to: `energy` or `max_probability`.
             quantize: `int8`: also write `<name>-int8.onnx` (static quantization), measured against
                 the float model.
+            calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
+                `unknown`).
         """
         images = validation_images(datamodule)
         result = export_checkpoint(
@@ -86,6 +89,7 @@ class Trainer(L.Trainer):
             unknown_accept=unknown_accept,
             unknown_score=unknown_score,
             quantize=quantize,
+            calibrate=calibrate,
         )
         print(f"Exported {result.onnx}\n         {result.pt2}\n         {result.sidecar}")
 
