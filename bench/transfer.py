@@ -10,7 +10,7 @@ test images a class. Arms, alternated seed by seed, same epochs and learning rat
 
     scratch     no weights
     full        the local weights, every layer trained from the first step
-    schedule    the local weights, --model.head_epochs=E/4 --model.finetune.layer_decay=0.7
+    schedule    the local weights, --model.head_epochs=E/4 --model.layer_decay=0.7
 
 and test-time augmentation (`--model.tta=flip`) on/off, on each pretrained arm's last checkpoint.
 Prints per-seed rows (validation accuracy at the end, wall time), the means and the ratios to `full`.
