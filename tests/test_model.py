@@ -64,3 +64,18 @@ def test_plateau_scheduler_watches_val_loss() -> None:
     )
     config = model.configure_optimizers()["lr_scheduler"]
     assert config["monitor"] == "val/loss" and config["interval"] == "epoch"
+
+
+def test_flip_tta_is_the_same_in_validation_and_predict() -> None:
+    torch.manual_seed(0)
+    model = ImageClassifier(num_classes=3, backbone="resnet18", tta="flip").eval()
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.tensor([0, 1, 2, 0])
+    with torch.no_grad():
+        logits = model.validation_step((images, labels), 0)
+        probs = model.predict_step((images, labels), 0).softmax(1)  # predict_step returns logits
+        views = torch.stack([model(images).softmax(1), model(images.flip(-1)).softmax(1)])
+        plain = model(images).softmax(1)
+    assert torch.allclose(probs, views.mean(0), atol=1e-6)  # the mean of the two views' probabilities
+    assert torch.allclose(logits.softmax(1), probs, atol=1e-6)  # what validate scores is what predict says
+    assert not torch.allclose(probs, plain, atol=1e-4)

@@ -32,7 +32,7 @@ from project.config_checks import check_cli_config
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError, user_message
 from project.model import ImageClassifier
-from project.runs import CHECKPOINTS, debug_run_name, eval_run_name, fit_run_name, newest_run
+from project.runs import CHECKPOINTS, LOGS, debug_run_name, eval_run_name, fit_run_name, newest_run
 from project.trainer import Trainer
 
 # Subcommands that evaluate a trained model: its classes, image size and data settings come from
@@ -40,6 +40,9 @@ from project.trainer import Trainer
 CHECKPOINT_ONLY = ("validate", "test", "predict", "export")
 # Subcommands that only look at the configured model and data: no checkpoint, no run folder.
 DRY = ("memory",)
+# Subcommands that try training steps on the configured model and data (Lightning's Tuner), then print
+# the flag to pass to fit: no checkpoint; lr_find leaves its plot in logs/<name>/.
+FINDERS = ("lr_find", "batch_size_find")
 
 
 class ProjectCLI(LightningCLI):
@@ -51,6 +54,8 @@ class ProjectCLI(LightningCLI):
             **LightningCLI.subcommands(),
             "export": {"model", "datamodule"},
             "memory": {"model", "datamodule"},
+            "lr_find": {"model", "datamodule"},
+            "batch_size_find": {"model", "datamodule"},
         }
 
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
@@ -84,6 +89,7 @@ class ProjectCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str] | None) -> None:
         """default.yaml, then the checkpoint's own settings (validated), then the user's configs and flags."""
         args = sys.argv[1:] if args is None else args
+        self.command_args = list(args[1:])
         # a first pass finds --ckpt_path; --print_config would print (and exit) before the layer is in
         plain = [a for a in args if not a.startswith("--print_config")]
         self.config = parser.parse_args(with_default_config(plain))
@@ -96,6 +102,11 @@ class ProjectCLI(LightningCLI):
             self.config = parser.parse_args(with_default_config(args, *layers))
         if ckpt_path:
             self.config[subcommand].ckpt_path = ckpt_path
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        if self.subcommand in FINDERS:
+            self.trainer.command_args = self.command_args
 
     def _parse_ckpt_path(self) -> None:
         """Nothing: parse_arguments already took the checkpoint's settings, as data, below the user's flags.
@@ -146,6 +157,13 @@ class ProjectCLI(LightningCLI):
         check_cli_config(config)
         if self.subcommand in DRY:
             config.trainer.logger = False
+            return
+        if self.subcommand in FINDERS:
+            config.trainer.logger = False
+            config.name = eval_run_name(config.name, None)
+            config.trainer.default_root_dir = str(LOGS / config.name)  # the plot and the Tuner's restore file
+            config.checkpoint.dirpath = str(CHECKPOINTS / config.name)  # nothing is saved there
+            self.save_config_kwargs["config_filename"] = f"{self.subcommand}-config.yaml"
             return
         if self.subcommand != "fit" and not config.ckpt_path:
             raise UserError(

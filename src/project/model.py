@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import lightning as L
@@ -20,9 +21,11 @@ from torchmetrics.classification import (
     MultilabelF1Score,
 )
 
-from project.backbones import build_backbone, head_of
+from project.backbones import build_backbone
 from project.config_checks import positive_int, require
 from project.errors import UserError
+from project.finetune import depth_groups, fix_batchnorm
+from project.finetune import freeze_backbone as set_frozen
 from project.schedulers import WarmupCosineLR
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -84,6 +87,9 @@ class ImageClassifier(L.LightningModule):
         backbone: str = "resnet18",
         weights: str | None = None,
         freeze_backbone: bool = False,
+        head_epochs: int = 0,
+        layer_decay: float = 1.0,
+        tta: Literal["none", "flip"] = "none",
         bn_momentum: float | None = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         scheduler: LRSchedulerCallable | None = WarmupCosineLR,
@@ -104,6 +110,12 @@ class ImageClassifier(L.LightningModule):
             backbone: Any torchvision classification model name (resnet18, efficientnet_b0, vit_b_16, ...).
             weights: none, a torchvision weights name (DEFAULT, IMAGENET1K_V1) or a local state-dict file.
             freeze_backbone: Train the head only (the backbone's BatchNorm statistics stay fixed too).
+            head_epochs: Fine-tuning: train the head only for this many epochs (backbone frozen as with
+                freeze_backbone), then every layer.
+            layer_decay: Fine-tuning: the backbone, cut into 8 levels from the head down, learns at
+                lr x layer_decay^k at level k (1.0: one learning rate for all; 0.7 is a common choice).
+            tta: Test-time augmentation in validate, test and predict: none, or flip (the mean of the
+                class probabilities of the image and its mirror image). Not part of exports.
             bn_momentum: Set every BatchNorm's momentum. torchvision's mobilenet/efficientnet/mnasnet use
                 0.01 or less, tuned for long ImageNet runs: a short run from scratch needs about 0.1,
                 or its running statistics (used in evaluation) never catch up.
@@ -127,6 +139,8 @@ class ImageClassifier(L.LightningModule):
             )
         positive_int("model.num_classes", num_classes)
         require(0 <= label_smoothing < 1, "model.label_smoothing", label_smoothing, "a number in [0, 1)")
+        require(head_epochs >= 0, "model.head_epochs", head_epochs, "a whole number of epochs, 0 or more")
+        require(0 < layer_decay <= 1, "model.layer_decay", layer_decay, "a number in (0, 1]")
         self.save_hyperparameters()
         self.class_names = class_names
         self.image_size = image_size
@@ -137,6 +151,10 @@ class ImageClassifier(L.LightningModule):
         self.channels_last = channels_last
         self.compile_net = compile
         self.freeze_backbone = freeze_backbone
+        self.head_epochs = head_epochs
+        self.layer_decay = layer_decay
+        self.tta = tta
+        self.backbone_frozen = freeze_backbone  # also true in the head-only epochs of a fine-tuning
         self.task = task
         self.threshold = threshold
         self.normalize = Normalize(mean, std)
@@ -148,8 +166,7 @@ class ImageClassifier(L.LightningModule):
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         if freeze_backbone:
-            self.net.requires_grad_(False)
-            head_of(self.net).requires_grad_(True)
+            set_frozen(self.net, True)
         if task == "multilabel":
             train_acc = MultilabelAccuracy(num_classes, threshold, average="macro")
             self.val_metrics = multilabel_metrics(num_classes, threshold, "val/")
@@ -180,18 +197,24 @@ class ImageClassifier(L.LightningModule):
     def train(self, mode: bool = True) -> ImageClassifier:
         """Like nn.Module.train, but a frozen backbone's BatchNorm layers stay in eval mode."""
         super().train(mode)
-        if mode and self.freeze_backbone:
-            head = head_of(self.net)
-            for module in self.net.modules():
-                if isinstance(module, nn.modules.batchnorm._BatchNorm) and module is not head:
-                    module.eval()
+        if mode and self.backbone_frozen:
+            fix_batchnorm(self.net)
         return self
+
+    def on_train_epoch_start(self) -> None:
+        """Fine-tuning: the backbone is frozen in the first `head_epochs` epochs (also after a resume)."""
+        if self.head_epochs and not self.freeze_backbone:
+            self.backbone_frozen = self.current_epoch < self.head_epochs
+            set_frozen(self.net, self.backbone_frozen)
+            self.train()
 
     # ---- steps ----
 
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loss(
+        self, batch: tuple[torch.Tensor, torch.Tensor], logits: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = batch
-        logits = self(images)
+        logits = self(images) if logits is None else logits
         if self.task == "multilabel":
             targets = labels.float() * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
             return F.binary_cross_entropy_with_logits(logits, targets), logits
@@ -231,7 +254,7 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:
             return None
-        loss, logits = self._loss(batch)
+        loss, logits = self._loss(batch, self._views_logits(batch[0]))
         scores = self._scores(logits)
         metrics.update(scores, batch[1])
         if per_label is not None:
@@ -269,16 +292,33 @@ class ImageClassifier(L.LightningModule):
             return None
         # logits: PredictionWriter turns them into probabilities with the export's temperature and
         # unknown threshold (project.calibration), as infer and serve do
-        return self(batch[0]).float()
+        return self._views_logits(batch[0]).float()
+
+    def _views_logits(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits for evaluation: with `tta=flip`, those of the mean class probabilities of the image and
+        its mirror image (log of the mean softmax; for multi-label the logit of the mean sigmoid)."""
+        if self.tta == "none":
+            return self(images)
+        views = torch.stack([self(images), self(images.flip(-1))]).float()
+        if self.task == "multilabel":
+            return torch.logit(views.sigmoid().mean(0), eps=1e-6)
+        return torch.logsumexp(views.log_softmax(dim=-1), dim=0) - math.log(len(views))
 
     # ---- optimization ----
 
     def configure_optimizers(self) -> dict:
-        decay, no_decay = [], []
-        for param in self.parameters():
-            if param.requires_grad:
-                (no_decay if param.ndim <= 1 else decay).append(param)  # biases and norm scales: no decay
-        optimizer = self.optimizer([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
+        if self.head_epochs or self.layer_decay != 1.0:
+            # every parameter from the start (frozen ones get no gradient, so no step): the param groups
+            # stay the same through the phases, and a resumed run's optimizer state fits them
+            optimizer = self.optimizer(depth_groups(self.net, self.layer_decay))
+            for group in optimizer.param_groups:
+                group["lr"] *= group["lr_scale"]
+        else:
+            decay, no_decay = [], []
+            for param in self.parameters():
+                if param.requires_grad:
+                    (no_decay if param.ndim <= 1 else decay).append(param)  # biases and norms: no decay
+            optimizer = self.optimizer([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
         if self.scheduler is None:
             return {"optimizer": optimizer}
         scheduler = self.scheduler(optimizer)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import lightning as L
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from project import memory
+from project import memory, tuning
 from project.calibration import DEFAULT_ACCEPT
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
 from project.errors import UserError
@@ -19,7 +19,11 @@ from project.export import export_checkpoint
 
 
 class Trainer(L.Trainer):
-    """lightning.Trainer with atomic checkpoint files, `export` (ONNX + .pt2, verified) and `memory`."""
+    """lightning.Trainer with atomic checkpoint files, `export` (ONNX + .pt2, verified), `memory`, and the
+    `lr_find` and `batch_size_find` tuners."""
+
+    # the command line of a finder, less the subcommand: what it tells the user to pass to fit
+    command_args: list[str] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         plugins = kwargs.get("plugins") or []
@@ -49,6 +53,54 @@ class Trainer(L.Trainer):
         """
         budget = memory.measure(model, self, datamodule.batch_size, datamodule.image_size)
         print(memory.report(budget, self.accumulate_grad_batches))
+
+    def lr_find(
+        self,
+        model: L.LightningModule,
+        datamodule: L.LightningDataModule,
+        min_lr: float = 1e-6,
+        max_lr: float = 1.0,
+        num_training: int = 100,
+    ) -> None:
+        """Learning-rate range test: print the suggested learning rate and the fit flag, and write the loss
+        against the learning rate to logs/<run>/lr_find.png.
+
+        Args:
+            model: The model as `fit` would build it.
+            datamodule: The data as `fit` would use it.
+            min_lr: The first learning rate tried.
+            max_lr: The last learning rate tried.
+            num_training: Training steps, each at a higher learning rate (exponentially spaced).
+        """
+        folder = Path(self.default_root_dir)
+        # a small data set would run out of epochs before num_training steps (one batch an epoch at least)
+        self.fit_loop.max_epochs = max(self.max_epochs or 1, num_training)
+        tuning.find_lr(self, model, datamodule, folder, self.command_args, min_lr, max_lr, num_training)
+
+    def batch_size_find(
+        self,
+        model: L.LightningModule,
+        datamodule: L.LightningDataModule,
+        mode: str = "power",
+        init_val: int = 2,
+        max_trials: int = 12,
+        max_val: int = 1024,
+        steps_per_trial: int = 2,
+    ) -> None:
+        """Find the largest batch that trains without running out of device memory; print the fit flag.
+
+        Args:
+            model: The model as `fit` would build it.
+            datamodule: The data as `fit` would use it.
+            mode: power (double until it fails) or binsearch (then bisect between the last two sizes).
+            init_val: The first batch size tried.
+            max_trials: At most this many sizes are tried.
+            max_val: Never try a batch larger than this (on a CPU nothing else stops the search).
+            steps_per_trial: Training steps run at each size.
+        """
+        tuning.find_batch_size(
+            self, model, datamodule, self.command_args, mode, init_val, max_trials, max_val, steps_per_trial
+        )
 
     def export(
         self,

@@ -1,0 +1,48 @@
+"""Fine-tuning pretrained weights: head-only epochs first, then every layer at a depth-decayed learning rate.
+
+fastai's `fine_tune` and timm's `--layer-decay`, for every torchvision backbone, without a table per
+family: the backbone's parameters, in the order the network defines them (input to output for every
+torchvision classification model), are cut into `LEVELS` runs of about equal length. The head learns
+at the optimizer's learning rate, the level just below it at lr x decay, the next at lr x decay^2, and
+the first layers at lr x decay^LEVELS.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from project.backbones import head_of
+
+LEVELS = 8
+
+
+def depth_groups(net: nn.Module, layer_decay: float) -> list[dict]:
+    """Optimizer parameter groups: per depth level (first layers first, head last), the weights, then the
+    biases and norm scales (no weight decay), each with `lr_scale`, its factor on the learning rate."""
+    head = {id(p) for p in head_of(net).parameters()}
+    params = list(net.parameters())
+    backbone = [p for p in params if id(p) not in head]
+    levels = [
+        backbone[i * len(backbone) // LEVELS : (i + 1) * len(backbone) // LEVELS] for i in range(LEVELS)
+    ]
+    levels.append([p for p in params if id(p) in head])
+    groups = []
+    for depth, level in enumerate(levels):
+        scale = layer_decay ** (LEVELS - depth)
+        groups.append({"params": [p for p in level if p.ndim > 1], "lr_scale": scale})
+        groups.append({"params": [p for p in level if p.ndim <= 1], "lr_scale": scale, "weight_decay": 0.0})
+    return groups
+
+
+def freeze_backbone(net: nn.Module, frozen: bool) -> None:
+    """Stop (or restart) gradients to every parameter but the head's."""
+    net.requires_grad_(not frozen)
+    head_of(net).requires_grad_(True)
+
+
+def fix_batchnorm(net: nn.Module) -> None:
+    """Put the backbone's BatchNorm layers in eval mode: a frozen backbone keeps its running statistics."""
+    head = head_of(net)
+    for module in net.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module is not head:
+            module.eval()

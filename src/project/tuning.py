@@ -1,0 +1,146 @@
+"""The learning-rate finder and the batch-size finder: Lightning's Tuner, reported as the flag to pass."""
+
+from __future__ import annotations
+
+import io
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.tuner import Tuner
+
+from project.atomic import atomic_write
+from project.errors import UserError
+
+LR_FLAG = "--model.optimizer.init_args.lr"
+PLOT = "lr_find.png"
+# what the Tuner saves to restore the model after its trial steps; removed even when a trial fails
+TEMPORARY = (".lr_find_*.ckpt", ".scale_batch_size_*.ckpt")
+
+
+def find_lr(
+    trainer: L.Trainer,
+    model: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    folder: Path,
+    fit_args: list[str],
+    min_lr: float,
+    max_lr: float,
+    num_training: int,
+) -> float:
+    """Run the range test, write `folder/lr_find.png`, print the suggestion and the fit command using it."""
+    if not 0 < min_lr < max_lr:
+        raise UserError(
+            f"lr_find needs 0 < --min_lr < --max_lr; got --min_lr={min_lr} --max_lr={max_lr}.",
+            "e.g. --min_lr=1e-6 --max_lr=1.",
+        )
+    with no_temporary_files(trainer):
+        finder = Tuner(trainer).lr_find(
+            model,
+            datamodule=datamodule,
+            min_lr=min_lr,
+            max_lr=max_lr,
+            num_training=num_training,
+            update_attr=False,
+        )
+    suggestion = finder.suggestion() if finder is not None else None
+    if suggestion is None:
+        steps = len(finder.results.get("lr", [])) if finder is not None else 0
+        raise UserError(
+            f"The learning-rate finder recorded too few steps ({steps}) to suggest a value: "
+            "the loss diverged at once or the data has too few batches.",
+            "raise --num_training, lower --min_lr, or use a smaller --data.batch_size.",
+        )
+    png = folder / PLOT
+    figure = finder.plot(suggest=True)
+    figure.axes[0].set_title(f"Suggested learning rate {suggestion:.1e}")
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(png, image.getbuffer())
+    print(f"Suggested learning rate: {suggestion:.1e}")
+    print(f"Use it: {fit_command(fit_args, f'{LR_FLAG}={suggestion:.2g}')}")
+    print(f"Loss against learning rate: {png}")
+    return suggestion
+
+
+def find_batch_size(
+    trainer: L.Trainer,
+    model: L.LightningModule,
+    datamodule: L.LightningDataModule,
+    fit_args: list[str],
+    mode: str,
+    init_val: int,
+    max_trials: int,
+    max_val: int,
+    steps_per_trial: int,
+) -> int:
+    """Grow the batch until it no longer fits (or reaches `max_val`); print the largest that fit."""
+    if mode not in ("power", "binsearch"):
+        raise UserError(f"batch_size_find: --mode={mode!r} is not a search mode.", "use power or binsearch.")
+    with no_temporary_files(trainer):
+        found = Tuner(trainer).scale_batch_size(
+            model,
+            datamodule=datamodule,
+            mode=mode,
+            init_val=init_val,
+            max_trials=max_trials,
+            max_val=max_val,
+            steps_per_trial=steps_per_trial,
+            batch_arg_name="batch_size",
+        )
+    if found is None:
+        raise UserError(
+            "The batch-size finder did not run (fast_dev_run skips it).", "leave out fast_dev_run."
+        )
+    print(f"Largest batch size that fit: {found}")
+    if trainer.strategy.root_device.type == "cpu":
+        print(
+            f"  (on a CPU no out-of-memory error ends the search: it stopped at --max_val={max_val} or after "
+            f"--max_trials={max_trials}; a larger batch is not faster per image on a CPU)"
+        )
+    print(f"Use it: {fit_command(fit_args, f'--data.batch_size={found}')}")
+    return found
+
+
+def fit_command(fit_args: list[str], flag: str) -> str:
+    """`python -m project fit` with the user's options, less the finder's own and --name, plus `flag`."""
+    kept, skip = [], False
+    for arg in fit_args:
+        option = arg.split("=", 1)[0]
+        if skip or option in FINDER_OPTIONS:
+            skip = not skip and "=" not in arg  # `--min_lr 1e-6`: drop the value too
+            continue
+        kept.append(arg)
+    return shlex.join(["python", "-m", "project", "fit", *kept, flag])
+
+
+# the finders' own options, which fit does not take, and the run name (the finder's run is not fit's)
+FINDER_OPTIONS = (
+    "--name",
+    "--min_lr",
+    "--max_lr",
+    "--num_training",
+    "--mode",
+    "--init_val",
+    "--max_trials",
+    "--max_val",
+    "--steps_per_trial",
+)
+
+
+@contextmanager
+def no_temporary_files(trainer: L.Trainer) -> Iterator[None]:
+    """Remove the Tuner's restore checkpoint, which it leaves behind when a trial or the restore fails."""
+    folder = Path(trainer.default_root_dir)
+    before = {p for pattern in TEMPORARY for p in folder.glob(pattern)}
+    try:
+        yield
+    finally:
+        for path in {p for pattern in TEMPORARY for p in folder.glob(pattern)} - before:
+            path.unlink(missing_ok=True)

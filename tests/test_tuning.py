@@ -1,0 +1,67 @@
+"""lr_find and batch_size_find: Lightning's Tuner run on the configured model and data, reported as a flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from project.tuning import fit_command, no_temporary_files
+from tests.conftest import fast_args, run_cli, tiny_trainer
+
+QUIET = (
+    "--training_images.enabled=false",
+    "--confusion_matrix.enabled=false",
+    "--misclassified.enabled=false",
+)
+
+
+def temporary_checkpoints(folder: Path) -> list[Path]:
+    return [*folder.rglob(".lr_find_*.ckpt"), *folder.rglob(".scale_batch_size_*.ckpt")]
+
+
+def test_lr_find_prints_the_flag_and_writes_the_plot(
+    workdir: Path, shapes_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # batches of 4: the 14 steps fit in about one epoch (each epoch adds a validation)
+    args = fast_args(
+        shapes_root, "--name=probe", "--num_training=14", "--max_lr=0.05", "--data.batch_size=4", *QUIET
+    )
+    assert run_cli("lr_find", *args) == 0
+    out = capsys.readouterr().out
+    lr = float(out.split("Suggested learning rate: ")[1].split()[0])
+    assert 1e-6 <= lr <= 0.05
+    fit = next(line for line in out.splitlines() if line.startswith("Use it: "))
+    assert fit.startswith("Use it: python -m project fit --data.root=")
+    assert fit.endswith(f"--model.optimizer.init_args.lr={lr:.2g}")
+    assert "--name" not in fit and "--num_training" not in fit  # the finder's own options are not fit's
+    png = workdir / "logs" / "probe" / "lr_find.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert temporary_checkpoints(workdir) == []
+    assert not (workdir / "checkpoints" / "probe").exists()
+
+
+def test_batch_size_find_prints_the_largest_batch(
+    workdir: Path, shapes_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = fast_args(shapes_root, "--max_val=8", "--steps_per_trial=1", *QUIET)
+    assert run_cli("batch_size_find", *args) == 0
+    out = capsys.readouterr().out
+    assert "Largest batch size that fit: 8" in out  # 2, 4, 8: a CPU never runs out before max_val
+    assert out.rstrip().splitlines()[-1].endswith("--data.batch_size=8")
+    assert temporary_checkpoints(workdir) == []
+
+
+def test_a_failed_search_leaves_no_restore_file(tmp_path: Path) -> None:
+    trainer = tiny_trainer(default_root_dir=tmp_path)
+    with pytest.raises(RuntimeError), no_temporary_files(trainer):
+        (tmp_path / ".lr_find_1234.ckpt").write_bytes(b"model")  # as the Tuner's save before a trial
+        raise RuntimeError("trial failed")
+    assert temporary_checkpoints(tmp_path) == []
+
+
+def test_fit_command_drops_the_finder_options() -> None:
+    args = ["--data.root=x", "--min_lr", "1e-7", "--name=a", "--max_trials=3", "--model.backbone=resnet18"]
+    assert fit_command(args, "--data.batch_size=64") == (
+        "python -m project fit --data.root=x --model.backbone=resnet18 --data.batch_size=64"
+    )
