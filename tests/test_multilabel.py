@@ -114,7 +114,7 @@ def test_multilabel_loss_and_predictions_use_a_sigmoid_per_label() -> None:
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
     targets = torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]], dtype=torch.uint8)
     with torch.no_grad():
-        loss, logits = model._loss((images, targets))
+        loss, logits = model.loss((images, targets))
         probabilities = model.predict_step((images, torch.arange(4)), 0)
     assert torch.allclose(loss, F.binary_cross_entropy_with_logits(logits, targets.float()))
     assert torch.allclose(probabilities, logits.sigmoid())

@@ -55,7 +55,7 @@ def measure(model: L.LightningModule, trainer: L.Trainer, batch_size: int, image
 
     saved = ActivationCounter(params)
     with plugin.train_step_context(), torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-        loss, _ = model._loss((plugin.convert_input(images), labels))  # the loss training uses
+        loss, _ = model.loss((plugin.convert_input(images), labels))  # the loss training uses
     loss.backward()
     optimizer.step()
     state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]

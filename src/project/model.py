@@ -19,6 +19,7 @@ from torchmetrics.classification import (
     MultilabelExactMatch,
     MultilabelF1Score,
 )
+from typing_extensions import override
 
 from project.backbones import build_backbone, head_of
 from project.config_checks import positive_int, require
@@ -167,12 +168,14 @@ class ImageClassifier(L.LightningModule):
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # kept in checkpoints, so a resumed run knows its best
 
+    @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = self.normalize(images)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
+    @override
     def configure_model(self) -> None:
         if self.compile_net:
             self.net.compile()
@@ -189,7 +192,8 @@ class ImageClassifier(L.LightningModule):
 
     # ---- steps ----
 
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss of a batch and its logits: what training, evaluation and `memory` compute."""
         images, labels = batch
         logits = self(images)
         if self.task == "multilabel":
@@ -201,23 +205,26 @@ class ImageClassifier(L.LightningModule):
         """What the metrics see: logits, or for multi-label the probabilities (torchmetrics would guess)."""
         return logits.float().sigmoid() if self.task == "multilabel" else logits
 
+    @override
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
     ) -> torch.Tensor | None:
         if batch is None:  # every image of the batch was skipped as unreadable
             return None
-        loss, logits = self._loss(batch)
+        loss, logits = self.loss(batch)
         self.train_metrics.update(self._scores(logits.detach()), batch[1])
         self.log("train/loss", loss, prog_bar=True)
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
 
+    @override
     def validation_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
     ) -> torch.Tensor | None:
         # the logits go to the callbacks (confusion matrix, misclassified images): no second forward pass
         return self._evaluate(batch, self.val_metrics, self.val_loss, "val/loss", self.val_per_label)
 
+    @override
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
         self._evaluate(batch, self.test_metrics, self.test_loss, "test/loss", self.test_per_label)
 
@@ -231,7 +238,7 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:
             return None
-        loss, logits = self._loss(batch)
+        loss, logits = self.loss(batch)
         scores = self._scores(logits)
         metrics.update(scores, batch[1])
         if per_label is not None:
@@ -252,9 +259,11 @@ class ImageClassifier(L.LightningModule):
                 self.log_dict(by_name, sync_dist=True)  # equal on every rank
         per_label.reset()
 
+    @override
     def on_test_epoch_end(self) -> None:
         self._log_per_label(self.test_per_label)
 
+    @override
     def on_validation_epoch_end(self) -> None:
         self._log_per_label(self.val_per_label)
         if self.trainer.sanity_checking:
@@ -262,6 +271,7 @@ class ImageClassifier(L.LightningModule):
         self.val_acc_best.update(self.val_metrics["acc"].compute())
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)  # equal on every rank
 
+    @override
     def predict_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
     ) -> torch.Tensor | None:
@@ -272,6 +282,7 @@ class ImageClassifier(L.LightningModule):
 
     # ---- optimization ----
 
+    @override
     def configure_optimizers(self) -> dict:
         decay, no_decay = [], []
         for param in self.parameters():

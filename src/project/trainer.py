@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.plugins.io import CheckpointIO
+from typing_extensions import override
 
 from project import memory
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
@@ -27,14 +28,17 @@ class Trainer(L.Trainer):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         super().__init__(*args, **kwargs)
 
+    @override
     def fit(self, *args: Any, **kwargs: Any) -> None:
         with disk_full_ends_in_one_line(self, "fit"):
             super().fit(*args, **kwargs)
 
+    @override
     def validate(self, *args: Any, **kwargs: Any) -> Any:
         with disk_full_ends_in_one_line(self, "validate"):
             return super().validate(*args, **kwargs)
 
+    @override
     def test(self, *args: Any, **kwargs: Any) -> Any:
         with disk_full_ends_in_one_line(self, "test"):
             return super().test(*args, **kwargs)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from torch.utils.data import DataLoader, Dataset, Subset
+from typing_extensions import override
 
 from project.backbones import head_of
 from project.errors import UserError
@@ -76,6 +77,7 @@ class FoldProgressBar(TQDMProgressBar):
         self.folds = folds
         self.fold = 0
 
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, *args: object) -> None:
         super().on_train_epoch_start(trainer, *args)
         self.train_progress_bar.set_description(

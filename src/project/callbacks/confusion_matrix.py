@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from torchmetrics.classification import MulticlassConfusionMatrix
+from typing_extensions import override
 
 from project import figures
 from project.callbacks.tensorboard import add_image, single_label, step, writer
@@ -46,6 +47,7 @@ class ConfusionMatrix(Callback):
         self.matrix: MulticlassConfusionMatrix | None = None
         self._active = False
 
+    @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._active = self.enabled and single_label(pl_module)
         if not self._active:
@@ -55,6 +57,7 @@ class ConfusionMatrix(Callback):
             self.matrix = _Counts(num_classes)
         self.matrix.to(pl_module.device).reset()
 
+    @override
     def on_validation_batch_end(
         self,
         trainer: L.Trainer,
@@ -68,6 +71,7 @@ class ConfusionMatrix(Callback):
             preds = outputs.argmax(dim=1)
             self.matrix.update(preds, batch[1].long())
 
+    @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._active or trainer.sanity_checking or self.matrix.update_count == 0:
             return

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from project.errors import UserError
 
@@ -31,6 +32,7 @@ class DataCheck(Callback):
         self.imbalance_ratio = imbalance_ratio
         self._batch_checked = False
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.enabled:
             return
@@ -62,6 +64,7 @@ class DataCheck(Callback):
                 "classes: watch val/f1_macro, and consider a weighted sampler or loss."
             )
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:

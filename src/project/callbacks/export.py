@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from typing_extensions import override
 
 from project.export import export_checkpoint
 from project.trainer import validation_images
@@ -21,6 +22,7 @@ class ExportBest(Callback):
         self.enabled = enabled
         self.opset = opset
 
+    @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.enabled or not trainer.is_global_zero or trainer.fast_dev_run:
             return

@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 from project.callbacks.tensorboard import add_image, captioned_grid, single_label
 from project.figures import WRONG
@@ -31,10 +32,12 @@ class Misclassified(Callback):
         self._found: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._missing = 0
 
+    @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         on = self.enabled and trainer.is_global_zero and single_label(pl_module)
         self._found, self._missing = [], self.count if on else 0
 
+    @override
     def on_validation_batch_end(
         self,
         trainer: L.Trainer,
@@ -54,6 +57,7 @@ class Misclassified(Callback):
             )
             self._missing -= len(wrong)
 
+    @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._found or trainer.sanity_checking:
             return

@@ -15,6 +15,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
+from typing_extensions import override
 
 from project import prediction_csv
 
@@ -44,9 +45,11 @@ class PredictionWriter(BasePredictionWriter):
     def _partial(self) -> Path:
         return self.output.with_name(f".{self.output.name}.partial")
 
+    @override
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._positions, self._probabilities, self._classes = [], [], []
 
+    @override
     def write_on_batch_end(
         self,
         trainer: L.Trainer,
@@ -67,6 +70,7 @@ class PredictionWriter(BasePredictionWriter):
         self._probabilities.append(probabilities.detach().float().cpu())
         self._classes.append(classes.detach().cpu())
 
+    @override
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         multilabel = _multilabel(pl_module)
         width = len(_names(pl_module)) if multilabel else self._k(pl_module)

@@ -26,6 +26,7 @@ def writer(trainer: L.Trainer) -> SummaryWriter | None:
 
 def step(trainer: L.Trainer) -> int:
     """The step Lightning logs scalars at right now, so that images and tensors line up with them."""
+    # private Lightning API, checked against lightning 2.6 (the pin is <2.7)
     return trainer.fit_loop.epoch_loop._batches_that_stepped
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 from project.callbacks.tensorboard import add_image, captioned_grid, single_label
 
@@ -27,9 +28,11 @@ class TrainingImages(Callback):
         self.count = count
         self._pending = False
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pending = self.enabled and single_label(pl_module)
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:

@@ -1,0 +1,51 @@
+"""How the code is laid out: conventions that keep each kind of change in one place."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+from pathlib import Path
+
+import project
+
+
+def project_modules() -> list:
+    """Every module of the package that imports without optional extras (serve, audit, sweep need none)."""
+    modules = []
+    for info in pkgutil.walk_packages(project.__path__, "project."):
+        if info.name.endswith("__main__"):
+            continue
+        modules.append(importlib.import_module(info.name))
+    return modules
+
+
+def test_every_override_of_a_lightning_hook_says_override() -> None:
+    """Where we extend Lightning, each hook we override carries @override (so a renamed hook is found)."""
+    missing = []
+    for module in project_modules():
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__:
+                continue
+            bases = [b for b in cls.__mro__[1:] if b.__module__.split(".")[0] == "lightning"]
+            for name, member in vars(cls).items():
+                func = getattr(member, "__func__", member)
+                if not inspect.isfunction(func) or name == "__init__":
+                    continue
+                if any(name in vars(base) for base in bases) and not getattr(func, "__override__", False):
+                    missing.append(f"{cls.__module__}.{cls.__qualname__}.{name}")
+    assert missing == []
+
+
+def test_each_private_lightning_import_names_the_version_it_was_checked_against() -> None:
+    """`from lightning... import _name` may break on an upgrade: the line above says what was checked."""
+    unchecked = []
+    for path in sorted(Path(project.__file__).parent.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if re.match(r"\s*from lightning[\w.]* import _", line) and "checked against lightning" not in (
+                lines[i - 1] if i else ""
+            ):
+                unchecked.append(f"{path.name}:{i + 1}")
+    assert unchecked == []
