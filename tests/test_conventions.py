@@ -49,3 +49,13 @@ def test_each_private_lightning_import_names_the_version_it_was_checked_against(
             ):
                 unchecked.append(f"{path.name}:{i + 1}")
     assert unchecked == []
+
+
+def test_only_atomic_py_renames_files_into_place() -> None:
+    """Every atomic write goes through project.atomic (new.py renames the whole copy it built, a folder)."""
+    renaming = {
+        path.relative_to(Path(project.__file__).parent).as_posix()
+        for path in Path(project.__file__).parent.rglob("*.py")
+        if re.search(r"\bos\.(replace|rename)\(|\.rename\(", path.read_text())
+    }
+    assert renaming == {"atomic.py", "new.py"}

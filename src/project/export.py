@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 import project
+from project.atomic import atomic_files, atomic_symlink
 from project.checkpoint_io import load_checkpoint_file
 from project.data.decode import load_rgb
 from project.data.shapes import CLASSES, draw_shape
@@ -98,8 +98,9 @@ def export_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{run}{metric}-{stamp}"
     final = {fmt: out / f"{stem}.{fmt}" for fmt in (*FORMATS, "json")}
-    partial = {fmt: path.with_name(f".{path.name}.partial") for fmt, path in final.items()}
-    try:
+    # renamed into place together once verified, in this order: the sidecar appears last
+    with atomic_files(*final.values()) as partials:
+        partial = dict(zip(final, partials, strict=True))
         # one trace serves both formats: the ONNX exporter starts from the same ExportedProgram
         program = torch.export.export(deployable, (_example(size),), dynamic_shapes=_dynamic_batch())
         with open(partial["pt2"], "wb") as f:
@@ -112,23 +113,9 @@ def export_checkpoint(
         )
         metadata["files"] = {fmt: final[fmt].name for fmt in FORMATS}
         partial["json"].write_text(json.dumps(metadata, indent=2) + "\n")
-        for fmt in final:
-            _fsync(partial[fmt])
-            os.replace(partial[fmt], final[fmt])
-    finally:
-        for path in partial.values():
-            path.unlink(missing_ok=True)
     for fmt, path in final.items():
-        point(out / f"latest.{fmt}", path.name)
+        atomic_symlink(out / f"latest.{fmt}", path.name)
     return Exported(final["onnx"], final["pt2"], final["json"], metadata)
-
-
-def point(link: Path, target: str) -> None:
-    """Make `link` a relative symlink to `target`, replacing it atomically (rollback: point it back)."""
-    staging = link.with_name(f".{link.name}.new")
-    staging.unlink(missing_ok=True)
-    staging.symlink_to(target)
-    os.replace(staging, link)
 
 
 def _example(size: int, batch: int = 2) -> torch.Tensor:
@@ -271,8 +258,3 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from project import prediction_csv
+from project.atomic import atomic_files
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
 from project.data.index import list_images  # numpy only: keeps this module free of torch
 from project.errors import UserError, user_message
@@ -176,13 +176,8 @@ def _print_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
 
 def _write_csv(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, output: Path) -> None:
     """The CSV of the files that could be classified, at `output` only once complete."""
-    partial = output.with_name(f".{output.name}.partial")
-    try:
+    with atomic_files(output) as [partial]:
         _write_rows(classifier, files, top_k, skip, partial)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, output)
 
 
 def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, path: Path) -> None:

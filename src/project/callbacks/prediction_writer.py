@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
 from project import prediction_csv
+from project.atomic import atomic_files
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -40,10 +41,6 @@ class PredictionWriter(BasePredictionWriter):
         self._positions: list[torch.Tensor] = []
         self._probabilities: list[torch.Tensor] = []
         self._classes: list[torch.Tensor] = []
-
-    @property
-    def _partial(self) -> Path:
-        return self.output.with_name(f".{self.output.name}.partial")
 
     @override
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -86,15 +83,8 @@ class PredictionWriter(BasePredictionWriter):
             positions[order].tolist(), probabilities[order].tolist(), classes[order].tolist(), strict=True
         )
         self.output.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with prediction_csv.open_csv(self._partial) as f:
-                self._write(csv.writer(f), trainer, pl_module, rows)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(self._partial, self.output)
-        except BaseException:
-            self._partial.unlink(missing_ok=True)
-            raise
+        with atomic_files(self.output) as [partial], prediction_csv.open_csv(partial) as f:
+            self._write(csv.writer(f), trainer, pl_module, rows)
         print(f"Predictions written to {self.output}")
 
     def _write(self, writer: Any, trainer: L.Trainer, pl_module: L.LightningModule, rows: Any) -> None:
