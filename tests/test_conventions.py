@@ -59,3 +59,26 @@ def test_only_atomic_py_renames_files_into_place() -> None:
         if re.search(r"\bos\.(replace|rename)\(|\.rename\(", path.read_text())
     }
     assert renaming == {"atomic.py", "new.py"}
+
+
+def test_the_task_is_read_in_one_place_and_class_names_fall_back_in_one() -> None:
+    """`is_multilabel`/`.multilabel` answer "which task?" and `label_names` the missing names: no copies."""
+    package = Path(project.__file__).parent
+    task = re.compile(r"""[=!]= *["']multi(label|class)["']|["']multi(label|class)["'] *[=!]=""")
+    fallback = re.compile(r"class_names[\"']?(, None\))? or\b")
+    copies = []
+    for path in sorted(package.rglob("*.py")):
+        for i, line in enumerate(path.read_text().splitlines()):
+            if task.search(line) or fallback.search(line):
+                copies.append(f"{path.relative_to(package).as_posix()}:{i + 1}")
+    assert {c.split(":")[0] for c in copies} == {"infer.py", "model.py"}, copies
+
+
+def test_label_names_fall_back_to_label_numbers() -> None:
+    from project.model import ImageClassifier, label_names
+
+    named = ImageClassifier(num_classes=3, class_names=["a", "b", "c"], backbone="resnet18")
+    unnamed = ImageClassifier(num_classes=3, backbone="resnet18", task="multilabel")
+    assert named.label_names == ["a", "b", "c"] and not named.multilabel
+    assert unnamed.label_names == ["0", "1", "2"] and unnamed.multilabel
+    assert label_names(object(), count=2) == ["0", "1"]

@@ -211,9 +211,9 @@ def _sidecar(
 
     size = model.image_size or 224
     hp = checkpoint["hyper_parameters"]
-    multilabel = model.task == "multilabel"
+    multilabel = model.multilabel
     return {
-        "class_names": list(model.class_names or range(hp["num_classes"])),
+        "class_names": model.label_names,
         "image_size": size,
         "task": model.task,
         **({"threshold": model.threshold} if multilabel else {}),

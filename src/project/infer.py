@@ -44,7 +44,7 @@ class Classifier:
         try:
             self.meta = json.loads(sidecar.read_text())
             self.class_names = [str(c) for c in self.meta["class_names"]]
-            self.multilabel = self.meta.get("task", "multiclass") == "multilabel"
+            self.task = "multilabel" if self.meta.get("task") == "multilabel" else "multiclass"
             self.threshold = float(self.meta.get("threshold", 0.5))
             self.size = int(self.meta["image_size"])
             self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
@@ -63,6 +63,11 @@ class Classifier:
                 f"onnxruntime cannot load '{model}': {e}.",
                 "export the checkpoint again with `python -m project export`.",
             ) from None
+
+    @property
+    def multilabel(self) -> bool:
+        """Any number of labels per image (a sigmoid each), as the sidecar's `task` says; else one class."""
+        return self.task == "multilabel"
 
     def preprocess(self, image: str | Path | bytes | Image.Image) -> np.ndarray:
         """uint8 [3, size, size]: decoded as training decodes, short side resized, centre-cropped.

@@ -62,6 +62,19 @@ def per_label_metrics(num_labels: int, threshold: float, prefix: str) -> MetricC
     return MetricCollection(metrics, prefix=prefix, compute_groups=False)
 
 
+def is_multilabel(model: object) -> bool:
+    """Whether `model` gives each image any number of labels (its `task`); without a task: one class."""
+    return getattr(model, "task", "multiclass") == "multilabel"
+
+
+def label_names(model: object, count: int | None = None) -> list[str]:
+    """`model.class_names`, or "0", "1", ... for a model without names (`count`, default its num_classes)."""
+    names = getattr(model, "class_names", None)
+    if names:
+        return list(names)
+    return [str(i) for i in range(model.hparams["num_classes"] if count is None else count)]
+
+
 class Normalize(nn.Module):
     """uint8 images in, normalized float out: the one place preprocessing happens, also in exports."""
 
@@ -151,7 +164,7 @@ class ImageClassifier(L.LightningModule):
         if freeze_backbone:
             self.net.requires_grad_(False)
             head_of(self.net).requires_grad_(True)
-        if task == "multilabel":
+        if self.multilabel:
             train_acc = MultilabelAccuracy(num_classes, threshold, average="macro")
             self.val_metrics = multilabel_metrics(num_classes, threshold, "val/")
             self.test_metrics = multilabel_metrics(num_classes, threshold, "test/")
@@ -167,6 +180,16 @@ class ImageClassifier(L.LightningModule):
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # kept in checkpoints, so a resumed run knows its best
+
+    @property
+    def multilabel(self) -> bool:
+        """Any number of labels per image (sigmoid, binary cross-entropy), not one class (softmax)."""
+        return is_multilabel(self)
+
+    @property
+    def label_names(self) -> list[str]:
+        """The class names in label order, or "0", "1", ... when the model was built without them."""
+        return label_names(self)
 
     @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -196,14 +219,14 @@ class ImageClassifier(L.LightningModule):
         """The loss of a batch and its logits: what training, evaluation and `memory` compute."""
         images, labels = batch
         logits = self(images)
-        if self.task == "multilabel":
+        if self.multilabel:
             targets = labels.float() * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
             return F.binary_cross_entropy_with_logits(logits, targets), logits
         return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing), logits
 
     def _scores(self, logits: torch.Tensor) -> torch.Tensor:
         """What the metrics see: logits, or for multi-label the probabilities (torchmetrics would guess)."""
-        return logits.float().sigmoid() if self.task == "multilabel" else logits
+        return logits.float().sigmoid() if self.multilabel else logits
 
     @override
     def training_step(
@@ -253,9 +276,8 @@ class ImageClassifier(L.LightningModule):
         if per_label is None:
             return
         if not self.trainer.sanity_checking:
-            names = self.class_names or [str(i) for i in range(self.hparams.num_classes)]
             for key, values in per_label.compute().items():  # computed across devices already
-                by_name = {f"{key}/{name}": v for name, v in zip(names, values, strict=True)}
+                by_name = {f"{key}/{name}": v for name, v in zip(self.label_names, values, strict=True)}
                 self.log_dict(by_name, sync_dist=True)  # equal on every rank
         per_label.reset()
 
@@ -278,7 +300,7 @@ class ImageClassifier(L.LightningModule):
         if batch is None:
             return None
         logits = self(batch[0]).float()
-        return logits.sigmoid() if self.task == "multilabel" else logits.softmax(dim=1)
+        return logits.sigmoid() if self.multilabel else logits.softmax(dim=1)
 
     # ---- optimization ----
 

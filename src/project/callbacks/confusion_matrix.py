@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from project import figures
 from project.callbacks.tensorboard import add_image, single_label, step, writer
+from project.model import label_names
 
 MAX_LOGGED_COUNTS = 200  # classes up to which the whole matrix is logged each epoch (320 kB of counts)
 
@@ -77,7 +78,7 @@ class ConfusionMatrix(Callback):
             return
         counts = self.matrix.compute()  # on every rank: torchmetrics synchronizes the counts
         accuracy = counts.diag() / counts.sum(dim=1).clamp_min(1)  # per-class accuracy (recall), 0 if absent
-        names = getattr(pl_module, "class_names", None) or [str(i) for i in range(len(counts))]
+        names = label_names(pl_module, len(counts))
         for name, value in zip(names, accuracy, strict=True):
             pl_module.log(f"val_class_acc/{name}", value, sync_dist=False)  # already synchronized
         tensorboard = writer(trainer)

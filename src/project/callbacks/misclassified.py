@@ -11,6 +11,7 @@ from typing_extensions import override
 
 from project.callbacks.tensorboard import add_image, captioned_grid, single_label
 from project.figures import WRONG
+from project.model import label_names
 
 
 class Misclassified(Callback):
@@ -63,7 +64,7 @@ class Misclassified(Callback):
             return
         images, labels, preds, probabilities = (torch.cat(parts) for parts in zip(*self._found, strict=True))
         count = int(max(labels.max(), preds.max())) + 1
-        names = getattr(pl_module, "class_names", None) or [str(i) for i in range(count)]
+        names = label_names(pl_module, count)
         captions = [
             f"{names[t]}\n→ {names[p]} {q:.2f}"
             for t, p, q in zip(labels.tolist(), preds.tolist(), probabilities.tolist(), strict=True)

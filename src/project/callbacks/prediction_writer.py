@@ -19,6 +19,7 @@ from typing_extensions import override
 
 from project import prediction_csv
 from project.atomic import atomic_files
+from project.model import is_multilabel, label_names
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -59,7 +60,7 @@ class PredictionWriter(BasePredictionWriter):
     ) -> None:
         if prediction is None:  # every image of the batch was skipped as bad
             return
-        if _multilabel(pl_module):  # every label's probability, in label order
+        if is_multilabel(pl_module):  # every label's probability, in label order
             probabilities, classes = prediction, torch.empty(len(prediction), 0, dtype=torch.long)
         else:
             probabilities, classes = prediction.topk(self._k(pl_module), dim=1)
@@ -69,8 +70,8 @@ class PredictionWriter(BasePredictionWriter):
 
     @override
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        multilabel = _multilabel(pl_module)
-        width = len(_names(pl_module)) if multilabel else self._k(pl_module)
+        multilabel = is_multilabel(pl_module)
+        width = len(label_names(pl_module)) if multilabel else self._k(pl_module)
         positions = _gather(trainer, pl_module, _cat(self._positions, (0,), torch.long))
         probabilities = _gather(trainer, pl_module, _cat(self._probabilities, (0, width), torch.float))
         classes = _gather(trainer, pl_module, _cat(self._classes, (0, 0 if multilabel else width)))
@@ -89,8 +90,8 @@ class PredictionWriter(BasePredictionWriter):
 
     def _write(self, writer: Any, trainer: L.Trainer, pl_module: L.LightningModule, rows: Any) -> None:
         dataset = trainer.predict_dataloaders.dataset
-        names = _names(pl_module)
-        if _multilabel(pl_module):
+        names = label_names(pl_module)
+        if is_multilabel(pl_module):
             writer.writerow(prediction_csv.multilabel_header(names))
             for i, probs, _ in rows:
                 file = _relative(dataset.files[i], dataset.root)
@@ -102,7 +103,7 @@ class PredictionWriter(BasePredictionWriter):
             writer.writerow(prediction_csv.row(file, [names[c] for c in top_c], top_p))
 
     def _k(self, pl_module: L.LightningModule) -> int:
-        return min(self.top_k, len(_names(pl_module)))
+        return min(self.top_k, len(label_names(pl_module)))
 
 
 def _cat(parts: list[torch.Tensor], empty: tuple[int, ...], dtype: torch.dtype = torch.long) -> torch.Tensor:
@@ -120,14 +121,6 @@ def _gather(trainer: L.Trainer, pl_module: L.LightningModule, local: torch.Tenso
     padded[: len(local)] = local  # all_gather needs the same shape everywhere
     gathered = pl_module.all_gather(padded).cpu()
     return torch.cat([part[:n] for part, n in zip(gathered, counts, strict=True)])
-
-
-def _multilabel(pl_module: L.LightningModule) -> bool:
-    return getattr(pl_module, "task", "multiclass") == "multilabel"
-
-
-def _names(pl_module: L.LightningModule) -> list[str]:
-    return list(pl_module.class_names or [str(i) for i in range(pl_module.hparams.num_classes)])
 
 
 def _relative(path: Path, root: Path) -> str:

@@ -12,6 +12,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import make_grid
 
 from project import figures
+from project.model import is_multilabel
 
 
 def writer(trainer: L.Trainer) -> SummaryWriter | None:
@@ -55,4 +56,4 @@ def captioned_grid(
 
 def single_label(pl_module: L.LightningModule) -> bool:
     """Confusion matrices and 'true -> predicted' captions need one class per image (not multi-label)."""
-    return getattr(pl_module, "task", "multiclass") == "multiclass"
+    return not is_multilabel(pl_module)
