@@ -19,7 +19,7 @@ from project.atomic import atomic_write
 from project.callbacks.rng_state import RNGState
 from project.checkpoint_io import AtomicCheckpointIO, UnsafeCheckpointError, load_checkpoint_file
 from project.errors import UserError
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 
 def fail_writes_halfway(monkeypatch: pytest.MonkeyPatch) -> None:

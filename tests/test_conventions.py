@@ -82,3 +82,30 @@ def test_label_names_fall_back_to_label_numbers() -> None:
     assert named.label_names == ["a", "b", "c"] and not named.multilabel
     assert unnamed.label_names == ["0", "1", "2"] and unnamed.multilabel
     assert label_names(object(), count=2) == ["0", "1"]
+
+
+def test_imports_follow_the_layers() -> None:
+    """Callbacks and the export step sit below the trainer and the CLI: they never import them."""
+    package = Path(project.__file__).parent
+    upward = [
+        path.relative_to(package).as_posix()
+        for path in [*package.glob("callbacks/*.py"), package / "export.py"]
+        if re.search(
+            r"^from project(\.trainer|\.cli)? import (trainer|cli)\b|^from project\.(trainer|cli) import",
+            path.read_text(),
+            re.M,
+        )
+    ]
+    assert upward == []
+
+
+def test_conftest_holds_only_fixtures() -> None:
+    """Plain helpers live in tests/helpers.py, so tests import them from there, not from conftest."""
+    tests = Path(__file__).parent
+    conftest = tests / "conftest.py"
+    functions = re.findall(r"^(@pytest\.fixture.*\n)?def (\w+)", conftest.read_text(), re.M)
+    assert [name for fixture, name in functions if not fixture] == []
+    importing = [
+        p.name for p in tests.glob("*.py") if re.search(r"^from tests\.conftest import", p.read_text(), re.M)
+    ]
+    assert importing == []

@@ -15,7 +15,7 @@ from project.callbacks import DataCheck
 from project.callbacks.data_check import check_labels
 from project.errors import UserError
 from project.model import ImageClassifier
-from tests.conftest import TensorData, fast_args, run_cli, tiny_trainer
+from tests.helpers import TensorData, fast_args, run_cli, tiny_trainer
 
 
 def fit(images: torch.Tensor, labels: torch.Tensor, num_classes: int = 10) -> None:

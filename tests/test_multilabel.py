@@ -19,7 +19,7 @@ from project.data.multishapes import generate_multishapes
 from project.data.shapes import CLASSES
 from project.errors import UserError
 from project.model import ImageClassifier
-from tests.conftest import fast_args, run_cli, write_image
+from tests.helpers import fast_args, run_cli, write_image
 from tests.test_cli import scalar_tags
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "multilabel.yaml"

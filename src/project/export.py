@@ -55,6 +55,16 @@ class Exported:
     metadata: dict
 
 
+def validation_images(datamodule: object, count: int = 7) -> list[Path]:
+    """A few validation files of `datamodule` to verify exports on, or none when its data is not on disk."""
+    root = getattr(datamodule, "root", None)
+    if root is None or not Path(root).is_dir():
+        return []
+    index = datamodule.splits["val"]
+    step = max(1, len(index) // count)
+    return [index.path(i) for i in range(0, len(index), step)][:count]
+
+
 def load_for_export(checkpoint: dict) -> ImageClassifier:
     """The classifier of a checkpoint of this project, weights loaded, in eval mode, on the CPU."""
     hp = checkpoint["hyper_parameters"]

@@ -15,7 +15,7 @@ from typing_extensions import override
 from project import memory
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
 from project.errors import UserError
-from project.export import export_checkpoint
+from project.export import export_checkpoint, validation_images
 
 
 class Trainer(L.Trainer):
@@ -73,16 +73,6 @@ class Trainer(L.Trainer):
         images = validation_images(datamodule)
         result = export_checkpoint(ckpt_path, images=images, output_dir=output_dir, opset=opset)
         print(f"Exported {result.onnx}\n         {result.pt2}\n         {result.sidecar}")
-
-
-def validation_images(datamodule: L.LightningDataModule | None, count: int = 7) -> list[Path]:
-    """A few validation files to verify exports on, or none when the data is not on disk."""
-    root = getattr(datamodule, "root", None)
-    if root is None or not Path(root).is_dir():
-        return []
-    index = datamodule.splits["val"]
-    step = max(1, len(index) // count)
-    return [index.path(i) for i in range(0, len(index), step)][:count]
 
 
 @contextmanager

@@ -6,8 +6,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
-from project.export import export_checkpoint
-from project.trainer import validation_images
+from project.export import export_checkpoint, validation_images
 
 
 class ExportBest(Callback):
