@@ -26,6 +26,7 @@ from typing_extensions import override
 
 from project.backbones import head_of
 from project.errors import UserError
+from project.model import is_multilabel
 
 # The default recipe's length: about this many training images seen per fold, within [MIN, MAX] epochs
 # (small data sets need more passes to learn anything; large ones fewer).
@@ -186,5 +187,7 @@ def predict(
         batches = trainer.predict(model, dataloaders=loader)
     finally:
         handle.remove()
-    probs = torch.cat([b.float().cpu() for b in batches]).numpy()
+    logits = torch.cat([b.float().cpu() for b in batches])  # predict_step returns logits
+    multilabel = is_multilabel(model)
+    probs = (logits.sigmoid() if multilabel else logits.softmax(1)).numpy()
     return probs, torch.cat(captured).numpy()
