@@ -17,8 +17,9 @@ from project.audit.data import AuditDataModule
 from project.audit.duplicates import Thresholds, find_duplicates
 from project.audit.images import phash
 from project.audit.labels import find_label_issues
+from project.data.shapes import CLASSES
 from project.errors import UserError
-from tests.conftest import exit_status
+from tests.helpers import exit_status
 
 TINY = [
     "--data.image_size=32",
@@ -113,7 +114,7 @@ def test_audit_writes_every_file_with_its_columns(audited: dict) -> None:
         assert set(columns) <= set(found), name
     rows = read(out / "oof_probabilities.csv")
     assert len(rows) == 6 * 12 + 2  # every readable image once, the broken one not
-    probs = np.array([[float(r[f"p_{c}"]) for c in ("circle", "cross", "ring", "square", "star", "triangle")]
+    probs = np.array([[float(r[f"p_{c}"]) for c in CLASSES]
                       for r in rows])  # fmt: skip
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-4)
     assert {r["fold"] for r in rows} == {"0", "1"}

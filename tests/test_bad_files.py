@@ -11,7 +11,7 @@ import pytest
 from project.data.decode import BadImageError, load_rgb
 from project.data.index import list_images
 from tests.bad_files import CASES, Case, make_corpus
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from project.data.cache import decode_all
 from project.data.datamodule import ImageDataModule
 from project.data.index import scan_folder
 from project.errors import UserError
-from tests.conftest import write_image
+from tests.helpers import write_image
 
 
 def samples(dm: ImageDataModule, split: str, seed: int) -> list[tuple[torch.Tensor, int]]:

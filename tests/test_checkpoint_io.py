@@ -19,7 +19,7 @@ from project.atomic import atomic_write
 from project.callbacks.rng_state import RNGState
 from project.checkpoint_io import AtomicCheckpointIO, UnsafeCheckpointError, load_checkpoint_file
 from project.errors import UserError
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 
 def fail_writes_halfway(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,3 +184,19 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path)
     random.seed(9), np.random.seed(9), torch.manual_seed(9)
     callback.load_state_dict(load_checkpoint_file(tmp_path / "rng.ckpt")["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_atomic_files_renames_all_in_order_or_none(tmp_path: Path, monkeypatch) -> None:
+    model, sidecar = tmp_path / "m.onnx", tmp_path / "m.json"
+    sidecar.write_text("old")
+    with pytest.raises(RuntimeError), project.atomic.atomic_files(model, sidecar) as [a, b]:
+        a.write_bytes(b"model")
+        raise RuntimeError("verification failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"] and sidecar.read_text() == "old"
+    renames, real_replace = [], os.replace
+    monkeypatch.setattr(project.atomic.os, "replace", lambda a, b: (renames.append(b), real_replace(a, b)))
+    with project.atomic.atomic_files(model, sidecar) as [a, b]:
+        a.write_bytes(b"model")
+        b.write_text("new")
+    assert renames == [model, sidecar]  # the sidecar appears last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "m.onnx"] and sidecar.read_text() == "new"

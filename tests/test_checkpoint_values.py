@@ -13,7 +13,7 @@ import torch.serialization
 import yaml
 
 from project.cli import ProjectCLI
-from tests.conftest import fast_args, run_cli, write_image
+from tests.helpers import fast_args, run_cli, write_image
 
 
 @pytest.fixture(scope="module")

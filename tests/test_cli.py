@@ -11,11 +11,10 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from project.data.decode import load_rgb
+from project.data.shapes import CLASSES
 from project.data.transforms import eval_transform
 from project.model import ImageClassifier
-from tests.conftest import fast_args, run_cli, write_image
-
-CLASSES = ["circle", "cross", "ring", "square", "star", "triangle"]
+from tests.helpers import fast_args, run_cli, write_image
 
 
 def scalar_tags(log_dir: Path) -> set[str]:
@@ -46,7 +45,7 @@ def test_fit_writes_logs_checkpoints_and_config(workdir: Path, shapes_root: Path
     ]
     assert len(files) == 3 and "last.ckpt" in files
     checkpoint = torch.load(workdir / "checkpoints" / "first" / "last.ckpt", weights_only=False)
-    assert checkpoint["hyper_parameters"]["class_names"] == CLASSES
+    assert checkpoint["hyper_parameters"]["class_names"] == list(CLASSES)
     assert checkpoint["hyper_parameters"]["num_classes"] == 6
     assert checkpoint["hyper_parameters"]["image_size"] == 32
 

@@ -14,7 +14,7 @@ from project.config_checks import check_batch_fits, check_cli_config
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError
 from project.model import ImageClassifier
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 EXAMPLES = settings(max_examples=40, deadline=None)
 non_positive_ints = st.integers(max_value=0)

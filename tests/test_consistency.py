@@ -37,7 +37,7 @@ from project.data.shapes import CLASSES, draw_shape
 from project.data.transforms import eval_transform
 from project.export import load_for_export
 from project.infer import main as infer_main
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 from tests.test_serve import SRC, Server, predict
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from project.callbacks import DataCheck
 from project.callbacks.data_check import check_labels
 from project.errors import UserError
 from project.model import ImageClassifier
-from tests.conftest import TensorData, fast_args, run_cli, tiny_trainer
+from tests.helpers import TensorData, fast_args, run_cli, tiny_trainer
 
 
 def fit(images: torch.Tensor, labels: torch.Tensor, num_classes: int = 10) -> None:
@@ -106,10 +106,10 @@ def test_one_hot_integer_labels_are_named_one_hot() -> None:
 def test_multi_label_targets_are_checked_as_multi_hot_rows() -> None:
     multi_hot = torch.tensor([[1, 0, 1, 1], [0, 0, 0, 0]], dtype=torch.uint8)
     for targets in (multi_hot, multi_hot.float(), multi_hot.numpy()):
-        check_labels(targets, 4, "The train split", "multilabel")  # passes
+        check_labels(targets, 4, "The train split", multilabel=True)  # passes
     with pytest.raises(
         UserError, match=r"shape \[2, 3\]; a multi-label model with 4 classes expects .*\[N, 4\]"
     ):
-        check_labels(multi_hot[:, :3], 4, "The train split", "multilabel")
+        check_labels(multi_hot[:, :3], 4, "The train split", multilabel=True)
     with pytest.raises(UserError, match=r"1 multi-label target\(s\) outside \[0, 1\]: \[2\]"):
-        check_labels(multi_hot + torch.eye(2, 4, dtype=torch.uint8), 4, "The train split", "multilabel")
+        check_labels(multi_hot + torch.eye(2, 4, dtype=torch.uint8), 4, "The train split", multilabel=True)

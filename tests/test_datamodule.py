@@ -4,13 +4,14 @@ import pytest
 import torch
 
 from project.data.datamodule import ImageDataModule
+from project.data.shapes import CLASSES
 from project.errors import UserError
-from tests.conftest import write_image
+from tests.helpers import write_image
 
 
 def test_train_val_layout(shapes_root: Path) -> None:
     dm = ImageDataModule(root=str(shapes_root), image_size=24, batch_size=5, num_workers=0)
-    assert dm.class_names == ["circle", "cross", "ring", "square", "star", "triangle"]
+    assert dm.class_names == list(CLASSES)
     assert dm.num_classes == 6
     dm.setup("fit")
     images, labels = next(iter(dm.train_dataloader()))

@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from project import runs
 from project.errors import UserError
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "trainer"
 

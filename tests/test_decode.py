@@ -10,7 +10,7 @@ from PIL import Image
 from project.data.decode import MAX_ASPECT_RATIO, BadImageError, _libjpeg_turbo, load_rgb, read_rgb
 from project.infer import Classifier
 from project.serve import bodies
-from tests.conftest import write_image
+from tests.helpers import write_image
 from tests.test_serve import tiny_export
 
 

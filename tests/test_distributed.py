@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DDP = ["--config", str(ROOT / "configs" / "trainer" / "ddp.yaml"), "--trainer.accelerator=cpu"]

@@ -16,8 +16,9 @@ import pytest
 from onnx import numpy_helper
 
 from project import export
+from project.data.shapes import CLASSES
 from project.export import ExportError, export_checkpoint, verification_batches, verify
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 SIDECAR_KEYS = {
     "class_names", "image_size", "input", "output", "preprocessing", "source_checkpoint", "metrics",
@@ -43,7 +44,7 @@ def test_fit_hook_exports_the_best_checkpoint(trained: Path) -> None:
     folder = run_dir(trained)
     sidecar = json.loads((folder / "latest.json").read_text())
     assert set(sidecar) >= SIDECAR_KEYS
-    assert sidecar["class_names"] == ["circle", "cross", "ring", "square", "star", "triangle"]
+    assert sidecar["class_names"] == list(CLASSES)
     assert sidecar["image_size"] == 32 and sidecar["input"]["dtype"] == "uint8"
     assert sidecar["verification"]["passed"] is True
     results = sidecar["verification"]["results"]

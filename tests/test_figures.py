@@ -19,7 +19,7 @@ from project.callbacks.confusion_matrix import _Counts, top_confusions_table
 from project.callbacks.data_check import class_count_table
 from project.data.index import ImageIndex
 from project.model import ImageClassifier
-from tests.conftest import TensorData, tiny_trainer
+from tests.helpers import TensorData, tiny_trainer
 
 CLASSES = 2000
 

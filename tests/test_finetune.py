@@ -12,7 +12,7 @@ from torch import nn
 from project.backbones import build_backbone, head_of
 from project.finetune import LEVELS, depth_groups
 from project.model import ImageClassifier
-from tests.conftest import TensorData, tiny_trainer
+from tests.helpers import TensorData, tiny_trainer
 
 LR = 0.01
 

@@ -19,7 +19,7 @@ from project.data.datamodule import ImageDataModule
 from project.errors import UserError
 from project.model import ImageClassifier
 from project.trainer import Trainer
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 GPU_FAST = Path(__file__).resolve().parents[1] / "configs" / "trainer" / "gpu_fast.yaml"
 

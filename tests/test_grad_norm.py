@@ -10,7 +10,7 @@ from torchvision.models import resnet18
 
 from project.callbacks.grad_norm import top_level_groups
 from project.model import ImageClassifier
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 
 def test_groups_look_through_the_wrapper() -> None:

@@ -5,7 +5,7 @@ import pytest
 
 from project.data.index import list_images, scan_folder, stratified_split
 from project.errors import UserError
-from tests.conftest import write_image
+from tests.helpers import write_image
 
 
 def test_scan_folder_finds_classes_and_extensions_in_any_case(tmp_path: Path) -> None:

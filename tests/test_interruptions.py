@@ -16,7 +16,7 @@ import torch
 
 import project
 from project import runs
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "--model.backbone=mobilenet_v3_small"  # 18 MB checkpoints

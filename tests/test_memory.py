@@ -11,7 +11,7 @@ from torch import nn
 
 from project.memory import ActivationCounter, MemoryBudget, advice
 from project.model import ImageClassifier
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 MiB = 2**20
 

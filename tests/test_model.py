@@ -10,7 +10,7 @@ def one_step(model: ImageClassifier) -> torch.optim.Optimizer:
     optimizer = model.configure_optimizers()["optimizer"]
     model.train()
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
-    loss, _ = model._loss((images, torch.tensor([0, 1, 2, 0])))
+    loss, _ = model.loss((images, torch.tensor([0, 1, 2, 0])))
     loss.backward()
     optimizer.step()
     return optimizer

@@ -23,9 +23,9 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from tests.conftest import fast_args, run_cli
+from project.data.shapes import CLASSES
+from tests.helpers import fast_args, run_cli
 
-CLASSES = ["circle", "cross", "ring", "square", "star", "triangle"]
 RUN = "monitored"
 
 

@@ -19,7 +19,7 @@ from project.data.multishapes import generate_multishapes
 from project.data.shapes import CLASSES
 from project.errors import UserError
 from project.model import ImageClassifier
-from tests.conftest import fast_args, run_cli, write_image
+from tests.helpers import fast_args, run_cli, write_image
 from tests.test_cli import scalar_tags
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "multilabel.yaml"
@@ -114,7 +114,7 @@ def test_multilabel_loss_and_predictions_use_a_sigmoid_per_label() -> None:
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
     targets = torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]], dtype=torch.uint8)
     with torch.no_grad():
-        loss, logits = model._loss((images, targets))
+        loss, logits = model.loss((images, targets))
         predicted = model.predict_step((images, torch.arange(4)), 0)
     assert torch.allclose(loss, F.binary_cross_entropy_with_logits(logits, targets.float()))
     assert torch.allclose(predicted, logits)  # PredictionWriter applies the sigmoid per label

@@ -10,7 +10,7 @@ import torch
 from project.callbacks import NonFiniteGuard
 from project.callbacks.non_finite import NonFiniteError
 from project.model import ImageClassifier
-from tests.conftest import TensorData, fast_args, run_cli, tiny_trainer
+from tests.helpers import TensorData, fast_args, run_cli, tiny_trainer
 
 
 def poisoned_data() -> TensorData:

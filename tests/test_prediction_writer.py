@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from project.callbacks.prediction_writer import PredictionWriter
 from project.data.dataset import FileDataset, collate_skipping_none
-from tests.conftest import tiny_trainer
+from tests.helpers import tiny_trainer
 
 COLOURS = {"red": (230, 20, 20), "green": (20, 230, 20), "blue": (20, 20, 230)}
 

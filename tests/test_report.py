@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from project.data.shapes import CLASSES
 from project.report import main, read_run
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -52,7 +53,7 @@ def test_report_draws_the_run(workdir: Path, shapes_root: Path) -> None:
     assert '<img src="report.png"' in text and "val/acc" in text and "val_class_acc/star" in text
 
     run = read_run(workdir / "logs" / "seen")  # what was drawn: the run's own numbers
-    assert run.class_names == ["circle", "cross", "ring", "square", "star", "triangle"]
+    assert run.class_names == list(CLASSES)
     assert run.counts is not None and run.counts.sum() == 24
     assert np.trace(run.counts) / 24 == pytest.approx(run.last("val/acc"), abs=1e-6)
 

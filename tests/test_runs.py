@@ -14,7 +14,7 @@ import pytest
 import project
 from project import runs
 from project.errors import UserError
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 HOLD = """
 import sys, time

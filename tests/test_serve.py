@@ -86,7 +86,7 @@ def tiny_export(folder: Path, stem: str, seed: int) -> Path:
 
 
 def point_latest(folder: Path, stem: str) -> None:
-    """Repoint latest.onnx/.json as export does (export.point), without importing torch here."""
+    """Repoint latest.onnx/.json as export does (atomic_symlink), without importing torch here."""
     for ext in ("onnx", "json"):
         staging = folder / f".latest.{ext}.new"
         staging.unlink(missing_ok=True)

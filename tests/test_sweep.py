@@ -29,7 +29,7 @@ from project.callbacks.sweep_trial import ENV, PRUNED_AT, SweepTrial
 from project.errors import UserError
 from project.sweep import command
 from project.sweep.settings import parse_argv
-from tests.conftest import fast_args, run_cli, tiny_trainer
+from tests.helpers import fast_args, run_cli, tiny_trainer
 
 SPACE = {
     "model.optimizer.init_args.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensorboard.summary.writer import record_writer
 
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 
 def test_full_log_disk_ends_in_one_line_and_keeps_checkpoints(

@@ -19,7 +19,7 @@ from project.infer import main as infer_main
 from project.report import write_reliability
 from project.serve.app import Prepared, answer, run_batch
 from project.serve.models import load_model
-from tests.conftest import fast_args, run_cli
+from tests.helpers import fast_args, run_cli
 
 CALIBRATION_KEYS = {
     "temperature",
@@ -63,12 +63,12 @@ def test_calibration_is_skipped_with_a_reason(capsys: pytest.CaptureFixture[str]
     class Missing:
         root = tmp_path / "nowhere"
 
-    keys = calibrate.calibrate_export(torch.nn.Identity(), Missing(), 32, 0.875, "multiclass", 0.95, "energy")
+    keys = calibrate.calibrate_export(torch.nn.Identity(), Missing(), 32, 0.875, False, 0.95, "energy")
     assert keys["temperature"] == 1.0 and keys["unknown_threshold"] is None
     assert f"Calibration skipped: the data folder '{tmp_path / 'nowhere'}' is not on this machine" in (
         capsys.readouterr().out
     )
-    keys = calibrate.calibrate_export(torch.nn.Identity(), Missing(), 32, 0.875, "multilabel", 0.95, "energy")
+    keys = calibrate.calibrate_export(torch.nn.Identity(), Missing(), 32, 0.875, True, 0.95, "energy")
     assert "multi-label" in keys["calibration_skipped"]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from project.tuning import fit_command, no_temporary_files
-from tests.conftest import fast_args, run_cli, tiny_trainer
+from tests.helpers import fast_args, run_cli, tiny_trainer
 
 QUIET = (
     "--training_images.enabled=false",

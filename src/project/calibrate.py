@@ -150,12 +150,12 @@ def calibrate_export(
     datamodule: object,
     size: int,
     crop_ratio: float,
-    task: str,
+    multilabel: bool,
     accept: float | None,
     score_name: str,
 ) -> dict:
     """Calibration keys for the sidecar; prints why when it is skipped."""
-    if task == "multilabel":
+    if multilabel:
         return _skip("a multi-label model has a sigmoid per label, not one softmax to calibrate")
     try:
         loader = validation_loader(datamodule, size, crop_ratio)

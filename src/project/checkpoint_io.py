@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# private Lightning API, checked against lightning 2.6 (the pin is <2.7)
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from typing_extensions import override
 
 from project.atomic import atomic_write
 from project.errors import UserError
@@ -33,6 +36,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's TorchCheckpointIO, but saves go through a temporary file + fsync + rename, and every
     load is weights-only whatever the caller asks (Lightning passes weights_only=None)."""
 
+    @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
@@ -49,6 +53,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 raise disk_full(path, buffer.getbuffer().nbytes) from None
             raise
 
+    @override
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict:
         # Lightning calls this without map_location: tensors then load onto the CPU (as in Lightning's
         # own TorchCheckpointIO), never onto the device that wrote them, which this machine may lack;

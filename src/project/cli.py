@@ -10,6 +10,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from typing_extensions import override
 
 from project.atomic import remove_partials
 from project.callbacks import (
@@ -49,6 +50,7 @@ class ProjectCLI(LightningCLI):
     """fit, validate, test, predict, export and memory, each starting from configs/default.yaml."""
 
     @staticmethod
+    @override
     def subcommands() -> dict[str, set[str]]:
         return {
             **LightningCLI.subcommands(),
@@ -79,13 +81,16 @@ class ProjectCLI(LightningCLI):
             **kwargs,
         )
 
+    @override
     def _prepare_subcommand_parser(
         self, klass: type, subcommand: str, **kwargs: Any
     ) -> LightningArgumentParser:
-        # add_arguments_to_parser needs to know which subcommand it builds (see CHECKPOINT_ONLY)
+        # add_arguments_to_parser needs to know which subcommand it builds (see CHECKPOINT_ONLY);
+        # private Lightning API, checked against lightning 2.6 (the pin is <2.7)
         self._building = subcommand
         return super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
 
+    @override
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str] | None) -> None:
         """default.yaml, then the checkpoint's own settings (validated), then the user's configs and flags."""
         args = sys.argv[1:] if args is None else args
@@ -103,11 +108,13 @@ class ProjectCLI(LightningCLI):
         if ckpt_path:
             self.config[subcommand].ckpt_path = ckpt_path
 
+    @override
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         if self.subcommand in FINDERS:
             self.trainer.command_args = self.command_args
 
+    @override
     def _parse_ckpt_path(self) -> None:
         """Nothing: parse_arguments already took the checkpoint's settings, as data, below the user's flags.
 
@@ -115,6 +122,7 @@ class ProjectCLI(LightningCLI):
         hyper-parameters unchecked and over the command line: a `class_path` there would be imported.)
         """
 
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
             "--name",
@@ -152,6 +160,7 @@ class ProjectCLI(LightningCLI):
             for key in ("num_classes", "class_names", "image_size", "task"):
                 parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
 
+    @override
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         check_cli_config(config)

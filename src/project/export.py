@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from torch import nn
 
 import project
 from project import calibration
+from project.atomic import atomic_files, atomic_symlink
 from project.calibrate import calibrate_export, check_accept, check_score
 from project.calibrate import skipped as calibration_skipped
 from project.checkpoint_io import load_checkpoint_file
@@ -56,6 +56,16 @@ class Exported:
     pt2: Path
     sidecar: Path
     metadata: dict
+
+
+def validation_images(datamodule: object, count: int = 7) -> list[Path]:
+    """A few validation files of `datamodule` to verify exports on, or none when its data is not on disk."""
+    root = getattr(datamodule, "root", None)
+    if root is None or not Path(root).is_dir():
+        return []
+    index = datamodule.splits["val"]
+    step = max(1, len(index) // count)
+    return [index.path(i) for i in range(0, len(index), step)][:count]
 
 
 def load_for_export(checkpoint: dict) -> ImageClassifier:
@@ -115,8 +125,9 @@ def export_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{run}{metric}-{stamp}"
     final = {fmt: out / f"{stem}.{fmt}" for fmt in (*FORMATS, "json")}
-    partial = {fmt: path.with_name(f".{path.name}.partial") for fmt, path in final.items()}
-    try:
+    # renamed into place together once verified, in this order: the sidecar appears last
+    with atomic_files(*final.values()) as partials:
+        partial = dict(zip(final, partials, strict=True))
         # one trace serves both formats: the ONNX exporter starts from the same ExportedProgram
         program = torch.export.export(deployable, (_example(size),), dynamic_shapes=_dynamic_batch())
         with open(partial["pt2"], "wb") as f:
@@ -129,34 +140,20 @@ def export_checkpoint(
         )
         metadata.update(
             calibrate_export(
-                deployable, datamodule, size, crop_ratio, model.task, unknown_accept, unknown_score
+                deployable, datamodule, size, crop_ratio, model.multilabel, unknown_accept, unknown_score
             )
             if calibrate
             else calibration_skipped("turned off (calibrate=false)")
         )
         metadata["files"] = {fmt: final[fmt].name for fmt in FORMATS}
         partial["json"].write_text(json.dumps(metadata, indent=2) + "\n")
-        for fmt in final:
-            _fsync(partial[fmt])
-            os.replace(partial[fmt], final[fmt])
-    finally:
-        for path in partial.values():
-            path.unlink(missing_ok=True)
     for fmt, path in final.items():
-        point(out / f"latest.{fmt}", path.name)
+        atomic_symlink(out / f"latest.{fmt}", path.name)
     if quantize == "int8":
         from project.quantize import quantize_export
 
         quantize_export(final["onnx"], datamodule)
     return Exported(final["onnx"], final["pt2"], final["json"], metadata)
-
-
-def point(link: Path, target: str) -> None:
-    """Make `link` a relative symlink to `target`, replacing it atomically (rollback: point it back)."""
-    staging = link.with_name(f".{link.name}.new")
-    staging.unlink(missing_ok=True)
-    staging.symlink_to(target)
-    os.replace(staging, link)
 
 
 def _example(size: int, batch: int = 2) -> torch.Tensor:
@@ -252,9 +249,9 @@ def _sidecar(
 
     size = model.image_size or 224
     hp = checkpoint["hyper_parameters"]
-    multilabel = model.task == "multilabel"
+    multilabel = model.multilabel
     return {
-        "class_names": list(model.class_names or range(hp["num_classes"])),
+        "class_names": model.label_names,
         "image_size": size,
         "task": model.task,
         **({"threshold": model.threshold} if multilabel else {}),
@@ -299,8 +296,3 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 from PIL import Image
 
 from project import prediction_csv
+from project.atomic import atomic_files
 from project.calibration import UNKNOWN, Calibration
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
 from project.data.index import list_images  # numpy only: keeps this module free of torch
@@ -46,6 +46,11 @@ class Answer(NamedTuple):
     @property
     def class_name(self) -> str:
         return UNKNOWN if self.unknown else self.names[0]
+
+
+def sidecar_multilabel(meta: dict) -> bool:
+    """Whether an export sidecar's model is multi-label (its `task`); without a task: multi-class."""
+    return meta.get("task") == "multilabel"
 
 
 class Classifier:
@@ -70,7 +75,7 @@ class Classifier:
         try:
             self.meta = json.loads(sidecar.read_text())
             self.class_names = [str(c) for c in self.meta["class_names"]]
-            self.multilabel = self.meta.get("task", "multiclass") == "multilabel"
+            self.task = "multilabel" if sidecar_multilabel(self.meta) else "multiclass"
             self.threshold = float(self.meta.get("threshold", 0.5))
             self.size = int(self.meta["image_size"])
             self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
@@ -90,6 +95,11 @@ class Classifier:
                 f"onnxruntime cannot load '{model}': {e}.",
                 "export the checkpoint again with `python -m project export`.",
             ) from None
+
+    @property
+    def multilabel(self) -> bool:
+        """Any number of labels per image (a sigmoid each), as the sidecar's `task` says; else one class."""
+        return self.task == "multilabel"
 
     def preprocess(self, image: str | Path | bytes | Image.Image) -> np.ndarray:
         """uint8 [3, size, size]: decoded as training decodes, short side resized, centre-cropped.
@@ -233,13 +243,8 @@ def _print_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
 
 def _write_csv(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, output: Path) -> None:
     """The CSV of the files that could be classified, at `output` only once complete."""
-    partial = output.with_name(f".{output.name}.partial")
-    try:
+    with atomic_files(output) as [partial]:
         _write_rows(classifier, files, top_k, skip, partial)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, output)
 
 
 def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, path: Path) -> None:

@@ -9,6 +9,7 @@ import lightning as L
 import torch
 
 from project.backbones import head_of
+from project.model import is_multilabel
 
 MiB = 2**20
 
@@ -43,7 +44,7 @@ def measure(model: L.LightningModule, trainer: L.Trainer, batch_size: int, image
     model = plugin.convert_module(model).to(device).train()
     num_classes = model.hparams.num_classes
     images = torch.randint(0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, device=device)
-    if getattr(model, "task", "multiclass") == "multilabel":
+    if is_multilabel(model):
         labels = torch.randint(0, 2, (batch_size, num_classes), dtype=torch.uint8, device=device)
     else:
         labels = torch.randint(0, num_classes, (batch_size,), device=device)
@@ -55,7 +56,7 @@ def measure(model: L.LightningModule, trainer: L.Trainer, batch_size: int, image
 
     saved = ActivationCounter(params)
     with plugin.train_step_context(), torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-        loss, _ = model._loss((plugin.convert_input(images), labels))  # the loss training uses
+        loss, _ = model.loss((plugin.convert_input(images), labels))  # the loss training uses
     loss.backward()
     optimizer.step()
     state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]

@@ -20,6 +20,7 @@ from torchmetrics.classification import (
     MultilabelExactMatch,
     MultilabelF1Score,
 )
+from typing_extensions import override
 
 from project.backbones import build_backbone
 from project.config_checks import positive_int, require
@@ -62,6 +63,19 @@ def per_label_metrics(num_labels: int, threshold: float, prefix: str) -> MetricC
         "f1": MultilabelF1Score(num_labels, threshold, average="none"),
     }
     return MetricCollection(metrics, prefix=prefix, compute_groups=False)
+
+
+def is_multilabel(model: object) -> bool:
+    """Whether `model` gives each image any number of labels (its `task`); without a task: one class."""
+    return getattr(model, "task", "multiclass") == "multilabel"
+
+
+def label_names(model: object, count: int | None = None) -> list[str]:
+    """`model.class_names`, or "0", "1", ... for a model without names (`count`, default its num_classes)."""
+    names = getattr(model, "class_names", None)
+    if names:
+        return list(names)
+    return [str(i) for i in range(model.hparams["num_classes"] if count is None else count)]
 
 
 class Normalize(nn.Module):
@@ -167,7 +181,7 @@ class ImageClassifier(L.LightningModule):
             self.net = self.net.to(memory_format=torch.channels_last)
         if freeze_backbone:
             set_frozen(self.net, True)
-        if task == "multilabel":
+        if self.multilabel:
             train_acc = MultilabelAccuracy(num_classes, threshold, average="macro")
             self.val_metrics = multilabel_metrics(num_classes, threshold, "val/")
             self.test_metrics = multilabel_metrics(num_classes, threshold, "test/")
@@ -184,12 +198,24 @@ class ImageClassifier(L.LightningModule):
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # kept in checkpoints, so a resumed run knows its best
 
+    @property
+    def multilabel(self) -> bool:
+        """Any number of labels per image (sigmoid, binary cross-entropy), not one class (softmax)."""
+        return is_multilabel(self)
+
+    @property
+    def label_names(self) -> list[str]:
+        """The class names in label order, or "0", "1", ... when the model was built without them."""
+        return label_names(self)
+
+    @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = self.normalize(images)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
+    @override
     def configure_model(self) -> None:
         if self.compile_net:
             self.net.compile()
@@ -201,6 +227,7 @@ class ImageClassifier(L.LightningModule):
             fix_batchnorm(self.net)
         return self
 
+    @override
     def on_train_epoch_start(self) -> None:
         """Fine-tuning: the backbone is frozen in the first `head_epochs` epochs (also after a resume)."""
         if self.head_epochs and not self.freeze_backbone:
@@ -210,37 +237,42 @@ class ImageClassifier(L.LightningModule):
 
     # ---- steps ----
 
-    def _loss(
+    def loss(
         self, batch: tuple[torch.Tensor, torch.Tensor], logits: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss of a batch and its logits (computed unless given): what training, evaluation and
+        `memory` compute."""
         images, labels = batch
         logits = self(images) if logits is None else logits
-        if self.task == "multilabel":
+        if self.multilabel:
             targets = labels.float() * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
             return F.binary_cross_entropy_with_logits(logits, targets), logits
         return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing), logits
 
     def _scores(self, logits: torch.Tensor) -> torch.Tensor:
         """What the metrics see: logits, or for multi-label the probabilities (torchmetrics would guess)."""
-        return logits.float().sigmoid() if self.task == "multilabel" else logits
+        return logits.float().sigmoid() if self.multilabel else logits
 
+    @override
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
     ) -> torch.Tensor | None:
         if batch is None:  # every image of the batch was skipped as unreadable
             return None
-        loss, logits = self._loss(batch)
+        loss, logits = self.loss(batch)
         self.train_metrics.update(self._scores(logits.detach()), batch[1])
         self.log("train/loss", loss, prog_bar=True)
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
 
+    @override
     def validation_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
     ) -> torch.Tensor | None:
         # the logits go to the callbacks (confusion matrix, misclassified images): no second forward pass
         return self._evaluate(batch, self.val_metrics, self.val_loss, "val/loss", self.val_per_label)
 
+    @override
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
         self._evaluate(batch, self.test_metrics, self.test_loss, "test/loss", self.test_per_label)
 
@@ -254,7 +286,7 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:
             return None
-        loss, logits = self._loss(batch, self._views_logits(batch[0]))
+        loss, logits = self.loss(batch, self._views_logits(batch[0]))
         scores = self._scores(logits)
         metrics.update(scores, batch[1])
         if per_label is not None:
@@ -269,15 +301,16 @@ class ImageClassifier(L.LightningModule):
         if per_label is None:
             return
         if not self.trainer.sanity_checking:
-            names = self.class_names or [str(i) for i in range(self.hparams.num_classes)]
             for key, values in per_label.compute().items():  # computed across devices already
-                by_name = {f"{key}/{name}": v for name, v in zip(names, values, strict=True)}
+                by_name = {f"{key}/{name}": v for name, v in zip(self.label_names, values, strict=True)}
                 self.log_dict(by_name, sync_dist=True)  # equal on every rank
         per_label.reset()
 
+    @override
     def on_test_epoch_end(self) -> None:
         self._log_per_label(self.test_per_label)
 
+    @override
     def on_validation_epoch_end(self) -> None:
         self._log_per_label(self.val_per_label)
         if self.trainer.sanity_checking:
@@ -285,6 +318,7 @@ class ImageClassifier(L.LightningModule):
         self.val_acc_best.update(self.val_metrics["acc"].compute())
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)  # equal on every rank
 
+    @override
     def predict_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
     ) -> torch.Tensor | None:
@@ -300,12 +334,13 @@ class ImageClassifier(L.LightningModule):
         if self.tta == "none":
             return self(images)
         views = torch.stack([self(images), self(images.flip(-1))]).float()
-        if self.task == "multilabel":
+        if self.multilabel:
             return torch.logit(views.sigmoid().mean(0), eps=1e-6)
         return torch.logsumexp(views.log_softmax(dim=-1), dim=0) - math.log(len(views))
 
     # ---- optimization ----
 
+    @override
     def configure_optimizers(self) -> dict:
         if self.head_epochs or self.layer_decay != 1.0:
             # every parameter from the start (frozen ones get no gradient, so no step): the param groups

@@ -12,7 +12,6 @@ threshold are fitted again on its own validation logits. `infer` and `serve` run
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -22,9 +21,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from project import calibrate
+from project.atomic import atomic_files, atomic_symlink
 from project.data.dataset import ImageDataset
 from project.data.transforms import eval_transform
 from project.errors import UserError
+from project.infer import sidecar_multilabel
 
 CALIBRATION_IMAGES = 256
 LATENCY_BATCHES = (1, 8)
@@ -63,9 +64,8 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
             "pass --data.root=PATH of the training data (its train/ split is read).",
         )
     final = onnx_path.with_name(f"{onnx_path.stem}-int8.onnx")
-    partial = final.with_name(f".{final.name}.partial")
     sidecar = final.with_suffix(".json")
-    try:
+    with atomic_files(final, sidecar) as [partial, sidecar_partial]:
         with tempfile.TemporaryDirectory() as tmp:
             prepared = Path(tmp) / "prepared.onnx"
             quant_pre_process(str(onnx_path), str(prepared), skip_symbolic_shape=True)
@@ -82,20 +82,9 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
             )
         int8_meta = {**meta, "files": {"onnx": final.name}, "quantization": _quantization_notes()}
         int8_meta.update(measure(onnx_path, partial, datamodule, size, crop_ratio, meta))
-        sidecar_partial = sidecar.with_name(f".{sidecar.name}.partial")
         sidecar_partial.write_text(json.dumps(int8_meta, indent=2) + "\n")
-        for path in (partial, sidecar_partial):
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-        os.replace(partial, final)
-        os.replace(sidecar_partial, sidecar)
-    finally:
-        partial.unlink(missing_ok=True)
-        sidecar.with_name(f".{sidecar.name}.partial").unlink(missing_ok=True)
-    from project.export import point
-
-    point(final.with_name("latest-int8.onnx"), final.name)
-    point(final.with_name("latest-int8.json"), sidecar.name)
+    atomic_symlink(final.with_name("latest-int8.onnx"), final.name)
+    atomic_symlink(final.with_name("latest-int8.json"), sidecar.name)
     q = int8_meta
     print(
         f"int8 model {final}: top-1 agrees with float on {q['agreement']:.2%} of validation images, "
@@ -157,7 +146,7 @@ def measure(
         "accuracy_int8": float((q.argmax(1) == y).mean()),
         "validation_images": len(y),
     }
-    if meta.get("task", "multiclass") != "multilabel" and meta.get("unknown_quantiles") is not None:
+    if not sidecar_multilabel(meta) and meta.get("unknown_quantiles") is not None:
         accept = meta.get("unknown_accept")
         result |= calibrate.calibrate(torch.from_numpy(q), torch.from_numpy(y), accept, meta["unknown_score"])
     return result

@@ -10,12 +10,13 @@ from typing import Any, Literal
 
 import lightning as L
 from lightning.pytorch.plugins.io import CheckpointIO
+from typing_extensions import override
 
 from project import memory, tuning
 from project.calibration import DEFAULT_ACCEPT
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
 from project.errors import UserError
-from project.export import export_checkpoint
+from project.export import export_checkpoint, validation_images
 
 
 class Trainer(L.Trainer):
@@ -32,14 +33,17 @@ class Trainer(L.Trainer):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         super().__init__(*args, **kwargs)
 
+    @override
     def fit(self, *args: Any, **kwargs: Any) -> None:
         with disk_full_ends_in_one_line(self, "fit"):
             super().fit(*args, **kwargs)
 
+    @override
     def validate(self, *args: Any, **kwargs: Any) -> Any:
         with disk_full_ends_in_one_line(self, "validate"):
             return super().validate(*args, **kwargs)
 
+    @override
     def test(self, *args: Any, **kwargs: Any) -> Any:
         with disk_full_ends_in_one_line(self, "test"):
             return super().test(*args, **kwargs)
@@ -144,16 +148,6 @@ class Trainer(L.Trainer):
             calibrate=calibrate,
         )
         print(f"Exported {result.onnx}\n         {result.pt2}\n         {result.sidecar}")
-
-
-def validation_images(datamodule: L.LightningDataModule | None, count: int = 7) -> list[Path]:
-    """A few validation files to verify exports on, or none when the data is not on disk."""
-    root = getattr(datamodule, "root", None)
-    if root is None or not Path(root).is_dir():
-        return []
-    index = datamodule.splits["val"]
-    step = max(1, len(index) // count)
-    return [index.path(i) for i in range(0, len(index), step)][:count]
 
 
 @contextmanager

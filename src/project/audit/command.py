@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Subset
+from typing_extensions import override
 
 from project.audit.data import AuditDataModule, combined
 from project.audit.duplicates import Thresholds, find_duplicates, joint_embedding
@@ -47,6 +48,7 @@ class AuditCLI(ProjectCLI):
     def __init__(self, args: list[str]) -> None:
         super().__init__(args=args, run=False)
 
+    @override
     def init_parser(self, **kwargs: Any) -> Any:
         kwargs["prog"] = "python -m project audit"
         kwargs["description"] = (
@@ -56,10 +58,12 @@ class AuditCLI(ProjectCLI):
         )
         return super().init_parser(**kwargs)
 
+    @override
     def add_core_arguments_to_parser(self, parser: Any) -> None:
         self._datamodule_class = AuditDataModule  # fit's options; also audits data with no split
         super().add_core_arguments_to_parser(parser)
 
+    @override
     def add_arguments_to_parser(self, parser: Any) -> None:
         super().add_arguments_to_parser(parser)
         parser.add_argument(
@@ -111,14 +115,17 @@ class AuditCLI(ProjectCLI):
             "per line relative to --data.root. No image is ever moved or deleted.",
         )
 
+    @override
     def parse_arguments(self, parser: Any, args: list[str] | None) -> None:
         """configs/default.yaml first, as for every fit, then the user's configs and flags."""
         self.config = parser.parse_args(["--config", str(config_folder() / "default.yaml"), *(args or [])])
 
+    @override
     def before_instantiate_classes(self) -> None:
         check_cli_config(self.config)
         check_audit_options(self.config)
 
+    @override
     def instantiate_classes(self) -> None:
         """Model and data as fit builds them (links included); each fold makes its own trainer."""
         self.config_init = self.parser.instantiate_classes(self.config)

@@ -22,9 +22,11 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from torch.utils.data import DataLoader, Dataset, Subset
+from typing_extensions import override
 
 from project.backbones import head_of
 from project.errors import UserError
+from project.model import is_multilabel
 
 # The default recipe's length: about this many training images seen per fold, within [MIN, MAX] epochs
 # (small data sets need more passes to learn anything; large ones fewer).
@@ -76,6 +78,7 @@ class FoldProgressBar(TQDMProgressBar):
         self.folds = folds
         self.fold = 0
 
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, *args: object) -> None:
         super().on_train_epoch_start(trainer, *args)
         self.train_progress_bar.set_description(
@@ -185,6 +188,6 @@ def predict(
     finally:
         handle.remove()
     logits = torch.cat([b.float().cpu() for b in batches])  # predict_step returns logits
-    multilabel = getattr(model, "task", "multiclass") == "multilabel"
+    multilabel = is_multilabel(model)
     probs = (logits.sigmoid() if multilabel else logits.softmax(1)).numpy()
     return probs, torch.cat(captured).numpy()

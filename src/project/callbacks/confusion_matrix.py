@@ -10,9 +10,11 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from torchmetrics.classification import MulticlassConfusionMatrix
+from typing_extensions import override
 
 from project import figures
 from project.callbacks.tensorboard import add_image, single_label, step, writer
+from project.model import label_names
 
 MAX_LOGGED_COUNTS = 200  # classes up to which the whole matrix is logged each epoch (320 kB of counts)
 
@@ -46,6 +48,7 @@ class ConfusionMatrix(Callback):
         self.matrix: MulticlassConfusionMatrix | None = None
         self._active = False
 
+    @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._active = self.enabled and single_label(pl_module)
         if not self._active:
@@ -55,6 +58,7 @@ class ConfusionMatrix(Callback):
             self.matrix = _Counts(num_classes)
         self.matrix.to(pl_module.device).reset()
 
+    @override
     def on_validation_batch_end(
         self,
         trainer: L.Trainer,
@@ -68,12 +72,13 @@ class ConfusionMatrix(Callback):
             preds = outputs.argmax(dim=1)
             self.matrix.update(preds, batch[1].long())
 
+    @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._active or trainer.sanity_checking or self.matrix.update_count == 0:
             return
         counts = self.matrix.compute()  # on every rank: torchmetrics synchronizes the counts
         accuracy = counts.diag() / counts.sum(dim=1).clamp_min(1)  # per-class accuracy (recall), 0 if absent
-        names = getattr(pl_module, "class_names", None) or [str(i) for i in range(len(counts))]
+        names = label_names(pl_module, len(counts))
         for name, value in zip(names, accuracy, strict=True):
             pl_module.log(f"val_class_acc/{name}", value, sync_dist=False)  # already synchronized
         tensorboard = writer(trainer)

@@ -10,8 +10,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from project.errors import UserError
+from project.model import is_multilabel
 
 
 class DataCheck(Callback):
@@ -31,6 +33,7 @@ class DataCheck(Callback):
         self.imbalance_ratio = imbalance_ratio
         self._batch_checked = False
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.enabled:
             return
@@ -39,9 +42,9 @@ class DataCheck(Callback):
         splits = getattr(trainer.datamodule, "splits", None)
         if not splits or num_classes is None:
             return
-        task = getattr(pl_module, "task", "multiclass")
+        multilabel = is_multilabel(pl_module)
         for split, index in splits.items():
-            check_labels(np.asarray(index.labels), num_classes, f"The {split} split", task)
+            check_labels(np.asarray(index.labels), num_classes, f"The {split} split", multilabel)
         table = class_count_table(splits)
         rank_zero_info(table)
         log_text(trainer, "data_check/class_counts", table)
@@ -62,6 +65,7 @@ class DataCheck(Callback):
                 "classes: watch val/f1_macro, and consider a weighted sampler or loss."
             )
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -73,9 +77,7 @@ class DataCheck(Callback):
         images, labels = batch
         num_classes = pl_module.hparams.get("num_classes")
         if num_classes is not None:
-            check_labels(
-                labels, num_classes, "The first training batch", getattr(pl_module, "task", "multiclass")
-            )
+            check_labels(labels, num_classes, "The first training batch", is_multilabel(pl_module))
         check_inputs(images)
         table = batch_table(images, labels, num_classes)
         rank_zero_info(table)
@@ -83,7 +85,7 @@ class DataCheck(Callback):
 
 
 def check_labels(
-    labels: torch.Tensor | np.ndarray, num_classes: int, where: str, task: str = "multiclass"
+    labels: torch.Tensor | np.ndarray, num_classes: int, where: str, multilabel: bool = False
 ) -> None:
     """Multiclass: class indices [N] in [0, num_classes); multilabel: 0/1 targets [N, num_classes].
 
@@ -92,7 +94,7 @@ def check_labels(
     labels = torch.as_tensor(labels).detach().cpu()
     if labels.numel() == 0:
         return
-    if task == "multilabel":
+    if multilabel:
         _check_multi_hot(labels, num_classes, where)
         return
     if labels.is_floating_point():

@@ -6,10 +6,10 @@ from typing import Literal
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from typing_extensions import override
 
 from project.calibration import DEFAULT_ACCEPT
-from project.export import export_checkpoint
-from project.trainer import validation_images
+from project.export import export_checkpoint, validation_images
 
 
 class ExportBest(Callback):
@@ -38,6 +38,7 @@ class ExportBest(Callback):
         self.unknown_score = unknown_score
         self.quantize = quantize
 
+    @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.enabled or not trainer.is_global_zero or trainer.fast_dev_run:
             return

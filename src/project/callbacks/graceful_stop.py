@@ -12,6 +12,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from typing_extensions import override
 
 
 class Interrupted(SystemExit):
@@ -32,6 +33,7 @@ class GracefulStop(Callback):
         self._previous: dict[int, Any] = {}
         self._pid = os.getpid()
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return
@@ -39,6 +41,7 @@ class GracefulStop(Callback):
         for signum in (signal.SIGINT, signal.SIGTERM):
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore_handlers()
 
@@ -70,17 +73,21 @@ class GracefulStop(Callback):
         if signalled:
             raise Interrupted(128 + self.signum)
 
+    @override
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self._stop_if_signalled(trainer)
 
+    @override
     def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         # ranks may run one validation batch more or less (no repeated images): no collective here
         if trainer.state.fn == "fit" and trainer.world_size == 1:
             self._stop_if_signalled(trainer)
 
+    @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop_if_signalled(trainer)
 
+    @override
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 
 class GradNormMonitor(Callback):
@@ -24,9 +25,11 @@ class GradNormMonitor(Callback):
         self.norm_type = norm_type
         self._groups: dict[str, list[torch.nn.Parameter]] = {}
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._groups = top_level_groups(pl_module)
 
+    @override
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import lightning as L
+
+# private Lightning API, checked against lightning 2.6 (the pin is <2.7)
 from lightning.fabric.utilities.logger import _flatten_dict
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.tensorboard.summary import hparams
+from typing_extensions import override
 
 from project.callbacks.tensorboard import writer
 
@@ -29,6 +32,7 @@ class HParams(Callback):
         """
         self.enabled = enabled
 
+    @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         tensorboard = writer(trainer) if self.enabled else None
         logger = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
@@ -49,7 +53,8 @@ class HParams(Callback):
                 "world_size": trainer.world_size,
             },
         }
-        # the same flattening and sanitizing as the logger's own log_hyperparams
+        # the same flattening and sanitizing as the logger's own log_hyperparams (_sanitize_params is a
+        # private Lightning API, checked against lightning 2.6 (the pin is <2.7); _get_file_writer, torch's)
         params = logger._sanitize_params(_flatten_dict(params))
         for summary in hparams(params, dict.fromkeys(metrics, 0.0)):
             tensorboard._get_file_writer().add_summary(summary)

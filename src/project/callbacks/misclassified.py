@@ -7,9 +7,11 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 from project.callbacks.tensorboard import add_image, captioned_grid, single_label
 from project.figures import WRONG
+from project.model import label_names
 
 
 class Misclassified(Callback):
@@ -31,10 +33,12 @@ class Misclassified(Callback):
         self._found: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._missing = 0
 
+    @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         on = self.enabled and trainer.is_global_zero and single_label(pl_module)
         self._found, self._missing = [], self.count if on else 0
 
+    @override
     def on_validation_batch_end(
         self,
         trainer: L.Trainer,
@@ -54,12 +58,13 @@ class Misclassified(Callback):
             )
             self._missing -= len(wrong)
 
+    @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._found or trainer.sanity_checking:
             return
         images, labels, preds, probabilities = (torch.cat(parts) for parts in zip(*self._found, strict=True))
         count = int(max(labels.max(), preds.max())) + 1
-        names = getattr(pl_module, "class_names", None) or [str(i) for i in range(count)]
+        names = label_names(pl_module, count)
         captions = [
             f"{names[t]}\n→ {names[p]} {q:.2f}"
             for t, p, q in zip(labels.tolist(), preds.tolist(), probabilities.tolist(), strict=True)

@@ -8,6 +8,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
 from project.errors import UserError
 
@@ -37,12 +38,14 @@ class NonFiniteGuard(Callback):
         self._loss: torch.Tensor | None = None
         self._buffers: list[torch.Tensor] | None = None
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self.action == "skip" and self._buffers is None:  # first micro-batch of the step
             self._buffers = [b.detach().clone() for b in pl_module.buffers()]
 
+    @override
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
@@ -51,6 +54,7 @@ class NonFiniteGuard(Callback):
             loss = loss.detach().float()
             self._loss = loss if self._loss is None else torch.where(torch.isfinite(loss), self._loss, loss)
 
+    @override
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:

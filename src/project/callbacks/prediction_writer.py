@@ -20,10 +20,13 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
+from typing_extensions import override
 
 from project import prediction_csv
+from project.atomic import atomic_files
 from project.calibration import UNKNOWN, Calibration
 from project.errors import UserError
+from project.model import is_multilabel, label_names
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -65,14 +68,11 @@ class PredictionWriter(BasePredictionWriter):
         self._classes: list[torch.Tensor] = []
         self._known: list[torch.Tensor] = []
 
-    @property
-    def _partial(self) -> Path:
-        return self.output.with_name(f".{self.output.name}.partial")
-
+    @override
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._positions, self._probabilities, self._classes, self._known = [], [], [], []
         self.calibration = Calibration()
-        if not _multilabel(pl_module):
+        if not is_multilabel(pl_module):
             meta = self._export_sidecar(trainer)
             if meta is not None:
                 self.calibration = Calibration.from_sidecar(meta, self.unknown_accept)
@@ -104,6 +104,7 @@ class PredictionWriter(BasePredictionWriter):
             return None
         return found
 
+    @override
     def write_on_batch_end(
         self,
         trainer: L.Trainer,
@@ -117,7 +118,7 @@ class PredictionWriter(BasePredictionWriter):
         if prediction is None:  # every image of the batch was skipped as bad
             return
         logits = prediction.detach().float().cpu()
-        if _multilabel(pl_module):  # every label's probability, in label order
+        if is_multilabel(pl_module):  # every label's probability, in label order
             probabilities, classes = logits.sigmoid(), torch.empty(len(logits), 0, dtype=torch.long)
             known = torch.ones(len(logits), dtype=torch.bool)
         else:
@@ -133,9 +134,10 @@ class PredictionWriter(BasePredictionWriter):
             names = [_relative(dataset.files[i], dataset.root) for i in batch[1].tolist()]
             self._explainer.write(batch[0], names, self.explain_dir)
 
+    @override
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        multilabel = _multilabel(pl_module)
-        width = len(_names(pl_module)) if multilabel else self._k(pl_module)
+        multilabel = is_multilabel(pl_module)
+        width = len(label_names(pl_module)) if multilabel else self._k(pl_module)
         positions = _gather(trainer, pl_module, _cat(self._positions, (0,), torch.long))
         probabilities = _gather(trainer, pl_module, _cat(self._probabilities, (0, width), torch.double))
         classes = _gather(trainer, pl_module, _cat(self._classes, (0, 0 if multilabel else width)))
@@ -153,21 +155,14 @@ class PredictionWriter(BasePredictionWriter):
             strict=True,
         )
         self.output.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with prediction_csv.open_csv(self._partial) as f:
-                self._write(csv.writer(f), trainer, pl_module, rows)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(self._partial, self.output)
-        except BaseException:
-            self._partial.unlink(missing_ok=True)
-            raise
+        with atomic_files(self.output) as [partial], prediction_csv.open_csv(partial) as f:
+            self._write(csv.writer(f), trainer, pl_module, rows)
         print(f"Predictions written to {self.output}")
 
     def _write(self, writer: Any, trainer: L.Trainer, pl_module: L.LightningModule, rows: Any) -> None:
         dataset = trainer.predict_dataloaders.dataset
-        names = _names(pl_module)
-        if _multilabel(pl_module):
+        names = label_names(pl_module)
+        if is_multilabel(pl_module):
             writer.writerow(prediction_csv.multilabel_header(names))
             for i, probs, _, _ in rows:
                 file = _relative(dataset.files[i], dataset.root)
@@ -180,7 +175,7 @@ class PredictionWriter(BasePredictionWriter):
             writer.writerow(prediction_csv.row(file, top, top_p, None if known else UNKNOWN))
 
     def _k(self, pl_module: L.LightningModule) -> int:
-        return min(self.top_k, len(_names(pl_module)))
+        return min(self.top_k, len(label_names(pl_module)))
 
 
 def export_of(ckpt_path: str | os.PathLike | None) -> dict | None:
@@ -217,14 +212,6 @@ def _gather(trainer: L.Trainer, pl_module: L.LightningModule, local: torch.Tenso
     padded[: len(local)] = local  # all_gather needs the same shape everywhere
     gathered = pl_module.all_gather(padded).cpu()
     return torch.cat([part[:n] for part, n in zip(gathered, counts, strict=True)])
-
-
-def _multilabel(pl_module: L.LightningModule) -> bool:
-    return getattr(pl_module, "task", "multiclass") == "multilabel"
-
-
-def _names(pl_module: L.LightningModule) -> list[str]:
-    return list(pl_module.class_names or [str(i) for i in range(pl_module.hparams.num_classes)])
 
 
 def _relative(path: Path, root: Path) -> str:

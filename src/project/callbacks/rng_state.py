@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 
 class RNGState(Callback):
@@ -19,6 +20,7 @@ class RNGState(Callback):
     Only plain values and tensors are stored, so checkpoints still load weights-only.
     """
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         version, keys, gauss = random.getstate()
         kind, mt, pos, has_gauss, cached = np.random.get_state()
@@ -31,6 +33,7 @@ class RNGState(Callback):
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         version, keys, gauss = state["python"]
         random.setstate((version, tuple(keys), gauss))

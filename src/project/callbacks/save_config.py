@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.cli import SaveConfigCallback
+from typing_extensions import override
 
 from project.atomic import atomic_write
 
@@ -19,11 +20,13 @@ class AtomicSaveConfig(SaveConfigCallback):
         self.save_to_log_dir = False  # the parent's direct write is replaced by save_config below
         self._log_dir: str | None = None
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.already_saved:
             self._log_dir = trainer.log_dir  # on every rank: it is a collective call under DDP
         super().setup(trainer, pl_module, stage)
 
+    @override
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._log_dir is None:
             return

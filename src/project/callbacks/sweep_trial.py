@@ -21,6 +21,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 from project.errors import UserError
 
@@ -42,6 +43,7 @@ class SweepTrial(Callback):
         self.trial: Any = None
         self.watching = False
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.watching and self.spec.get("parent") == os.getppid():
             _stop_when_orphaned(self.spec["parent"])
@@ -59,6 +61,7 @@ class SweepTrial(Callback):
             )
             self.trial = optuna.trial.Trial(study, self.spec["trial_id"])
 
+    @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return

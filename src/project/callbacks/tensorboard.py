@@ -12,6 +12,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torchvision.utils import make_grid
 
 from project import figures
+from project.model import is_multilabel
 
 
 def writer(trainer: L.Trainer) -> SummaryWriter | None:
@@ -26,6 +27,7 @@ def writer(trainer: L.Trainer) -> SummaryWriter | None:
 
 def step(trainer: L.Trainer) -> int:
     """The step Lightning logs scalars at right now, so that images and tensors line up with them."""
+    # private Lightning API, checked against lightning 2.6 (the pin is <2.7)
     return trainer.fit_loop.epoch_loop._batches_that_stepped
 
 
@@ -54,4 +56,4 @@ def captioned_grid(
 
 def single_label(pl_module: L.LightningModule) -> bool:
     """Confusion matrices and 'true -> predicted' captions need one class per image (not multi-label)."""
-    return getattr(pl_module, "task", "multiclass") == "multiclass"
+    return not is_multilabel(pl_module)

@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 
 class Throughput(Callback):
@@ -34,10 +35,12 @@ class Throughput(Callback):
         self._validation_start = 0.0
         self._validation_s = 0.0  # the last validation's duration, for the time left
 
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = time.perf_counter()
         self._ends.clear()  # the first batch of an epoch waits for the loader workers: not counted
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -69,13 +72,16 @@ class Throughput(Callback):
         validations_left = math.ceil((batches_left + 1) / max(1, per_epoch) / every)
         return batches_left * batch_s + validations_left * self._validation_s
 
+    @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._validation_start = time.perf_counter()
 
+    @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
             self._validation_s = time.perf_counter() - self._validation_start
 
+    @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.enabled:
             pl_module.log("time/epoch_s", time.perf_counter() - self._epoch_start, on_epoch=True)

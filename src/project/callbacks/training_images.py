@@ -6,8 +6,10 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 from project.callbacks.tensorboard import add_image, captioned_grid, single_label
+from project.model import label_names
 
 
 class TrainingImages(Callback):
@@ -27,9 +29,11 @@ class TrainingImages(Callback):
         self.count = count
         self._pending = False
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._pending = self.enabled and single_label(pl_module)
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -37,6 +41,6 @@ class TrainingImages(Callback):
             return
         self._pending = False
         images, labels = batch[0][: self.count], batch[1][: self.count].tolist()
-        names = getattr(pl_module, "class_names", None) or [str(i) for i in range(max(labels) + 1)]
+        names = label_names(pl_module, max(labels) + 1)
         title = f"training batch after augmentation ({images.shape[-1]} px, epoch {trainer.current_epoch})"
         add_image(trainer, "train/images", captioned_grid(images, [names[y] for y in labels], title=title))

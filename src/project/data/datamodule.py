@@ -11,9 +11,12 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
+
+# not exported by lightning.pytorch: an internal module, checked against lightning 2.6 (the pin is <2.7)
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.utils.data import DataLoader, Dataset, default_collate
+from typing_extensions import override
 
 from project.config_checks import fraction, positive_int, require
 from project.data.cache import DecodedImages, decode_all
@@ -228,6 +231,7 @@ class ImageDataModule(L.LightningDataModule):
 
     # ---- Lightning hooks ----
 
+    @override
     def setup(self, stage: str) -> None:
         if self.skip_bad_images and self.trainer is not None and self.trainer.log_dir is not None:
             self.skip_log = SkipLog(Path(self.trainer.log_dir))
@@ -298,6 +302,7 @@ class ImageDataModule(L.LightningDataModule):
             self.skip_log,
         )
 
+    @override
     def teardown(self, stage: str) -> None:
         if self.skip_log is not None and self.trainer is not None and self.trainer.is_global_zero:
             report, count = self.skip_log.merge()
@@ -306,15 +311,19 @@ class ImageDataModule(L.LightningDataModule):
                     f"{count} unreadable files were skipped; they are listed in '{report}'.", stacklevel=2
                 )
 
+    @override
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.datasets["train"], shuffle=True)
 
+    @override
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.datasets["val"])
 
+    @override
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.datasets["test"])
 
+    @override
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.datasets["predict"])
 

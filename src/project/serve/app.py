@@ -214,7 +214,7 @@ def metadata(model: LoadedModel, settings: Settings) -> dict:
         "loaded_at": model.loaded_at,
         "class_names": classifier.class_names,
         "image_size": classifier.size,
-        "task": "multilabel" if classifier.multilabel else "multiclass",
+        "task": classifier.task,
         "input": "an image file (JPEG, PNG, BMP, GIF, TIFF, WebP, PPM): raw body or multipart field 'file'",
         "batching": {"max_batch_size": settings.max_batch_size, "max_wait_ms": settings.max_wait_ms},
         "limits": asdict(settings.limits),

@@ -1,0 +1,87 @@
+"""Functions the tests share: flags for a fast fit, an in-process CLI runner, tiny data and trainers.
+
+Fixtures stay in tests/conftest.py; these are plain functions and classes, imported by name.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning as L
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, TensorDataset
+
+from project.cli import main
+
+
+def fast_args(root: Path, *extra: str) -> list[str]:
+    """Flags for a fit that takes a few seconds on CPU."""
+    return [
+        f"--data.root={root}",
+        "--data.image_size=32",
+        "--data.batch_size=16",
+        "--data.num_workers=0",
+        "--model.backbone=resnet18",
+        "--model.scheduler.init_args.warmup_steps=1",
+        "--trainer.max_epochs=1",
+        "--trainer.log_every_n_steps=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--export_best.enabled=false",
+        *extra,
+    ]
+
+
+def run_cli(*args: str) -> int:
+    """Run `python -m project ARGS` in this process; returns the exit status."""
+    return exit_status(main, *args)
+
+
+def exit_status(entry: Callable[[list[str]], object], *args: str) -> int:
+    """Run a command's `main(argv)` in this process; returns its exit status."""
+    saved, sys.argv = sys.argv, ["project"]  # pytest's own flags are not ours
+    try:
+        entry(list(args))
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+def write_image(path: Path, mode: str = "RGB", size: tuple[int, int] = (20, 12), **save: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new(mode, size).save(path, **save)
+    return path
+
+
+class TensorData(L.LightningDataModule):
+    """In-memory (images, labels) batches, in order: for injecting faults into exact positions."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 8) -> None:
+        super().__init__()
+        self.data = TensorDataset(images, labels)
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+
+def tiny_trainer(*callbacks: L.Callback, **kwargs: object) -> L.Trainer:
+    """A CPU trainer without logs, checkpoints or progress bar."""
+    options = {
+        "max_epochs": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "accelerator": "cpu",
+        **kwargs,
+    }
+    return L.Trainer(callbacks=list(callbacks), **options)

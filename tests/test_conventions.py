@@ -1,0 +1,111 @@
+"""How the code is laid out: conventions that keep each kind of change in one place."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+from pathlib import Path
+
+import project
+
+
+def project_modules() -> list:
+    """Every module of the package that imports without optional extras (serve, audit, sweep need none)."""
+    modules = []
+    for info in pkgutil.walk_packages(project.__path__, "project."):
+        if info.name.endswith("__main__"):
+            continue
+        modules.append(importlib.import_module(info.name))
+    return modules
+
+
+def test_every_override_of_a_lightning_hook_says_override() -> None:
+    """Where we extend Lightning, each hook we override carries @override (so a renamed hook is found)."""
+    missing = []
+    for module in project_modules():
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__:
+                continue
+            bases = [b for b in cls.__mro__[1:] if b.__module__.split(".")[0] == "lightning"]
+            for name, member in vars(cls).items():
+                func = getattr(member, "__func__", member)
+                if not inspect.isfunction(func) or name == "__init__":
+                    continue
+                if any(name in vars(base) for base in bases) and not getattr(func, "__override__", False):
+                    missing.append(f"{cls.__module__}.{cls.__qualname__}.{name}")
+    assert missing == []
+
+
+def test_each_private_lightning_import_names_the_version_it_was_checked_against() -> None:
+    """`from lightning... import _name` may break on an upgrade: the line above says what was checked."""
+    unchecked = []
+    for path in sorted(Path(project.__file__).parent.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if re.match(r"\s*from lightning[\w.]* import _", line) and "checked against lightning" not in (
+                lines[i - 1] if i else ""
+            ):
+                unchecked.append(f"{path.name}:{i + 1}")
+    assert unchecked == []
+
+
+def test_only_atomic_py_renames_files_into_place() -> None:
+    """Every atomic write goes through project.atomic (new.py renames the whole copy it built, a folder)."""
+    renaming = {
+        path.relative_to(Path(project.__file__).parent).as_posix()
+        for path in Path(project.__file__).parent.rglob("*.py")
+        if re.search(r"\bos\.(replace|rename)\(|\.rename\(", path.read_text())
+    }
+    assert renaming == {"atomic.py", "new.py"}
+
+
+def test_the_task_is_read_in_one_place_and_class_names_fall_back_in_one() -> None:
+    """`is_multilabel`/`.multilabel` answer "which task?" and `label_names` the missing names: no copies."""
+    package = Path(project.__file__).parent
+    task = re.compile(r"""[=!]= *["']multi(label|class)["']|["']multi(label|class)["'] *[=!]=""")
+    fallback = re.compile(r"class_names[\"']?(, None\))? or\b")
+    copies = []
+    for path in sorted(package.rglob("*.py")):
+        for i, line in enumerate(path.read_text().splitlines()):
+            if task.search(line) or fallback.search(line):
+                copies.append(f"{path.relative_to(package).as_posix()}:{i + 1}")
+    assert {c.split(":")[0] for c in copies} == {"infer.py", "model.py"}, copies
+
+
+def test_label_names_fall_back_to_label_numbers() -> None:
+    from project.model import ImageClassifier, label_names
+
+    named = ImageClassifier(num_classes=3, class_names=["a", "b", "c"], backbone="resnet18")
+    unnamed = ImageClassifier(num_classes=3, backbone="resnet18", task="multilabel")
+    assert named.label_names == ["a", "b", "c"] and not named.multilabel
+    assert unnamed.label_names == ["0", "1", "2"] and unnamed.multilabel
+    assert label_names(object(), count=2) == ["0", "1"]
+
+
+def test_imports_follow_the_layers() -> None:
+    """Callbacks and the export step sit below the trainer and the CLI: they never import them."""
+    package = Path(project.__file__).parent
+    upward = [
+        path.relative_to(package).as_posix()
+        for path in [*package.glob("callbacks/*.py"), package / "export.py"]
+        if re.search(
+            r"^from project(\.trainer|\.cli)? import (trainer|cli)\b|^from project\.(trainer|cli) import",
+            path.read_text(),
+            re.M,
+        )
+    ]
+    assert upward == []
+
+
+def test_conftest_holds_only_fixtures() -> None:
+    """Plain helpers live in tests/helpers.py, so tests import them from there, not from conftest."""
+    tests = Path(__file__).parent
+    conftest = tests / "conftest.py"
+    functions = re.findall(r"^(@pytest\.fixture.*\n)?def (\w+)", conftest.read_text(), re.M)
+    assert [name for fixture, name in functions if not fixture] == []
+    importing = [
+        p.name for p in tests.glob("*.py") if re.search(r"^from tests\.conftest import", p.read_text(), re.M)
+    ]
+    assert importing == []
