@@ -39,9 +39,11 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "cifa
 
 
 def subset(cifar: Path, target: Path, classes: list[str], train: int, val: int) -> Path:
-    """`target/{train,val}/<class>/`: the first `train` training and `val` test images of each class."""
-    for split, source, count in (("train", "train", train), ("val", "test", val)):
-        for name in classes:
+    """`target/{train,val}/<class>/`: the first training images, `train` in all (split evenly among the
+    classes), and the first `val` test images of each class."""
+    for split, source, total in (("train", "train", train), ("val", "test", val * len(classes))):
+        for i, name in enumerate(classes):
+            count = total // len(classes) + (i < total % len(classes))
             folder = target / split / name
             folder.mkdir(parents=True, exist_ok=True)
             for path in sorted((cifar / source / name).glob("*.jpg"))[:count]:
@@ -105,7 +107,7 @@ def warmup(cifar: Path, seeds: int, before: Path | None) -> None:
 
 def ema(cifar: Path, seeds: int, budget: str) -> None:
     classes = sorted(p.name for p in (cifar / "train").iterdir())
-    root = subset(cifar, Path(tempfile.mkdtemp(prefix="recipes-cifar-")), classes, 500, 100)
+    root = subset(cifar, Path(tempfile.mkdtemp(prefix="recipes-cifar-")), classes, 5000, 100)
     arms = {"no EMA": [], "EMA 0.999": ["--ema.decay=0.999"]}
     results: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
     for seed in range(seeds):
