@@ -22,13 +22,13 @@ COLOURS = {"red": (230, 20, 20), "green": (20, 230, 20), "blue": (20, 20, 230)}
 
 
 class MeanColour(L.LightningModule):
-    """Probabilities from an image's mean colour: the class is its dominant channel."""
+    """Logits from an image's mean colour: the class is its dominant channel."""
 
     class_names = list(COLOURS)
     task = "multiclass"
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return (batch[0].float().mean(dim=(2, 3)) / 10).softmax(dim=1)
+        return batch[0].float().mean(dim=(2, 3)) / 10
 
 
 def predict(folder: Path, names: Sequence[bytes], order: list[int], output: Path) -> list[dict]:

@@ -74,7 +74,7 @@ def test_a_run_shorter_than_the_warmup_reaches_its_lr_and_learns(workdir: Path, 
     data.setup("validate")
     with torch.no_grad():
         star = torch.cat([model(images).softmax(1)[:, 1] for images, _ in data.val_dataloader()])
-    assert star.std() > 0.05, star  # the answer depends on the image (before: 0.002)
+    assert star.std() > 0.05, star  # the image decides (with the old BatchNorm start: 3e-8)
 
 
 def test_a_time_budget_ends_at_the_lowest_lr(workdir: Path, shapes_root: Path) -> None:

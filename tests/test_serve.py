@@ -266,7 +266,7 @@ def server(exports: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def test_answers_match_infer_for_the_same_files(server: Server, image_dir: Path, exports: Path) -> None:
     files = sorted(image_dir.iterdir())
     inferred = Classifier(exports / "latest.onnx").classify(files, top_k=4)  # what `infer` prints
-    for path, names, probs in inferred:
+    for path, names, probs, *_ in inferred:
         status, answer = predict(server.port, path.read_bytes(), "application/octet-stream")
         assert status == 200, answer
         assert answer["version"] == "run-a"
@@ -613,9 +613,9 @@ def test_a_batch_that_spans_a_reload_runs_each_request_on_its_own_model(exports:
     items.append(Prepared(old, arrays[2], 1, 1, None))
     results = run_batch(items)
     assert [size for _, size in results] == [2, 1, 2]
-    expected_old = old.classifier.probabilities(arrays[[0, 2]])
+    expected_old = old.classifier.logits(arrays[[0, 2]])
     np.testing.assert_allclose(results[0][0], expected_old[0], rtol=1e-6)
-    np.testing.assert_allclose(results[1][0], new.classifier.probabilities(arrays[[1]])[0], rtol=1e-6)
+    np.testing.assert_allclose(results[1][0], new.classifier.logits(arrays[[1]])[0], rtol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,9 @@ import torch
 from torch import nn
 
 import project
+from project import calibration
+from project.calibrate import calibrate_export, check_accept, check_score
+from project.calibrate import skipped as calibration_skipped
 from project.checkpoint_io import load_checkpoint_file
 from project.data.decode import load_rgb
 from project.data.shapes import CLASSES, draw_shape
@@ -80,8 +83,22 @@ def export_checkpoint(
     images: Sequence[Path] = (),
     output_dir: str | Path | None = None,
     opset: int = 18,
+    datamodule: object = None,
+    unknown_accept: float | None = calibration.DEFAULT_ACCEPT,
+    unknown_score: str = "energy",
+    quantize: str | None = None,
+    calibrate: bool = True,
 ) -> Exported:
-    """Export `ckpt_path` next to it (or into `output_dir`); verify on random and real images."""
+    """Export `ckpt_path` next to it (or into `output_dir`); verify on random and real images.
+
+    With `datamodule` (its validation images on disk) the sidecar also gets a temperature and an
+    unknown threshold accepting the share `unknown_accept` (0 or None: off) of validation images
+    (`project.calibrate`); `quantize="int8"` also writes `<stem>-int8.onnx` (`project.quantize`).
+    """
+    check_accept(unknown_accept, "unknown_accept")
+    check_score(unknown_score, "unknown_score")
+    if quantize not in (None, "int8"):
+        raise UserError(f"quantize={quantize!r} is not supported.", "pass --quantize int8, or leave it out.")
     ckpt_path = Path(ckpt_path).resolve()
     if not ckpt_path.is_file():
         raise UserError(f"Checkpoint '{ckpt_path}' does not exist.", "pass --ckpt_path PATH to a .ckpt file.")
@@ -110,6 +127,13 @@ def export_checkpoint(
         metadata = _sidecar(
             checkpoint, ckpt_path, model, crop_ratio, run, monitor, score, opset, verification
         )
+        metadata.update(
+            calibrate_export(
+                deployable, datamodule, size, crop_ratio, model.task, unknown_accept, unknown_score
+            )
+            if calibrate
+            else calibration_skipped("turned off (calibrate=false)")
+        )
         metadata["files"] = {fmt: final[fmt].name for fmt in FORMATS}
         partial["json"].write_text(json.dumps(metadata, indent=2) + "\n")
         for fmt in final:
@@ -120,6 +144,10 @@ def export_checkpoint(
             path.unlink(missing_ok=True)
     for fmt, path in final.items():
         point(out / f"latest.{fmt}", path.name)
+    if quantize == "int8":
+        from project.quantize import quantize_export
+
+        quantize_export(final["onnx"], datamodule)
     return Exported(final["onnx"], final["pt2"], final["json"], metadata)
 
 

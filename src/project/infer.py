@@ -1,12 +1,16 @@
 """Classify image files with an exported ONNX model: onnxruntime, numpy and Pillow only.
 
     python -m project infer --model checkpoints/<run>/latest.onnx [--top_k 5] [--output CSV] FILE_OR_DIR...
+                            [--unknown_accept SHARE]
 
 The sidecar JSON next to the model gives the class names and the image size; files are decoded
 by training's rule (`project.data.decode`), the resize and centre crop match validation
 (torchvision's Resize + CenterCrop), and the model itself normalizes. A file that cannot be
 decoded is named on stderr with its reason, the others are still classified, and the exit status
-is then 1. Importing this module imports neither torch nor lightning.
+is then 1. Probabilities are calibrated with the export's temperature, and an image whose
+unknown score is below the export's threshold is answered `unknown` (its class probabilities
+still listed), both by `project.calibration` as `predict` and `serve` do. Importing this module
+imports neither torch nor lightning.
 """
 
 from __future__ import annotations
@@ -18,20 +22,42 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
 
 from project import prediction_csv
+from project.calibration import UNKNOWN, Calibration
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
 from project.data.index import list_images  # numpy only: keeps this module free of torch
 from project.errors import UserError, user_message
 
 
-class Classifier:
-    """An exported model and its sidecar: `classify(paths)` -> rows of (file, top-k names, probabilities)."""
+class Answer(NamedTuple):
+    """One image's answer: its top-k classes and probabilities, and whether it is `unknown`."""
 
-    def __init__(self, model: str | Path, threads: int | None = None) -> None:
+    path: Path
+    names: list[str]
+    probabilities: list[float]
+    unknown: bool = False
+    score: float | None = None  # the unknown score, when the export has a threshold
+
+    @property
+    def class_name(self) -> str:
+        return UNKNOWN if self.unknown else self.names[0]
+
+
+class Classifier:
+    """An exported model and its sidecar: `classify(paths)` -> Answer per file (top-k names, probabilities).
+
+    `unknown_accept` overrides the share of validation images the export's unknown threshold
+    accepts (0: never answer `unknown`).
+    """
+
+    def __init__(
+        self, model: str | Path, threads: int | None = None, unknown_accept: float | None = None
+    ) -> None:
         import onnxruntime as ort
 
         model = Path(model)
@@ -48,6 +74,7 @@ class Classifier:
             self.threshold = float(self.meta.get("threshold", 0.5))
             self.size = int(self.meta["image_size"])
             self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
+            self.calibration = Calibration.from_sidecar(self.meta, unknown_accept)
         except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
             raise UserError(
                 f"Sidecar '{sidecar}' is not an export sidecar ({type(e).__name__}: {e}).",
@@ -86,12 +113,24 @@ class Classifier:
         img = img.crop((left, top, left + self.size, top + self.size))
         return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
 
-    def probabilities(self, batch: np.ndarray) -> np.ndarray:
-        logits = self.session.run(["logits"], {"images": batch})[0]
+    def logits(self, batch: np.ndarray) -> np.ndarray:
+        """The model's logits [N, C] of a uint8 batch [N, 3, size, size]."""
+        return self.session.run(["logits"], {"images": batch})[0]
+
+    def probabilities_of(self, logits: np.ndarray) -> np.ndarray:
+        """Calibrated probabilities (multi-label: a sigmoid per label) of logits [N, C]."""
         if self.multilabel:  # independent labels: a sigmoid each
             return 1 / (1 + np.exp(-logits))
-        exp = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return exp / exp.sum(axis=1, keepdims=True)
+        return self.calibration.probabilities(logits)
+
+    def probabilities(self, batch: np.ndarray) -> np.ndarray:
+        return self.probabilities_of(self.logits(batch))
+
+    def unknown(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(bool [N]: answered `unknown`, the unknown scores [N] or None when there is no threshold)."""
+        if self.multilabel or self.calibration.threshold is None:
+            return np.zeros(len(logits), dtype=bool), None
+        return ~self.calibration.known(logits), self.calibration.scores(logits)
 
     def top(self, probabilities: np.ndarray, k: int) -> tuple[list[str], list[float]]:
         """The k most probable class names of one image, most probable first, and their probabilities."""
@@ -104,8 +143,8 @@ class Classifier:
         top_k: int = 5,
         batch_size: int = 32,
         on_bad: Callable[[Path, BadImageError], None] | None = None,
-    ) -> Iterator[tuple]:
-        """(path, top-k names, probabilities) per file, in order.
+    ) -> Iterator[Answer]:
+        """An Answer per file, in order.
 
         A file that cannot be decoded raises BadImageError, or, with `on_bad`, is handed to it and
         left out while the others are classified.
@@ -123,8 +162,11 @@ class Classifier:
                 chunk.append(path)
             if not chunk:
                 continue
-            for path, p in zip(chunk, self.probabilities(np.stack(arrays)), strict=True):
-                yield path, *self.top(p, top_k)
+            logits = self.logits(np.stack(arrays))
+            unknown, scores = self.unknown(logits)
+            for i, (path, p) in enumerate(zip(chunk, self.probabilities_of(logits), strict=True)):
+                score = None if scores is None else float(scores[i])
+                yield Answer(path, *self.top(p, top_k), bool(unknown[i]), score)
 
 
 def image_files(inputs: Sequence[str]) -> list[Path]:
@@ -142,9 +184,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--top_k", type=int, default=5)
     parser.add_argument("--output", help="write a CSV here instead of printing")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument(
+        "--unknown_accept",
+        type=float,
+        default=None,
+        help="share of validation images accepted; below the threshold this gives, an image is "
+        "`unknown` (default: the export's, usually 0.95; 0: never unknown)",
+    )
     args = parser.parse_args(argv)
+    if args.unknown_accept is not None and not 0 <= args.unknown_accept <= 1:
+        sys.exit(
+            f"error: --unknown_accept {args.unknown_accept} is not a share from 0 to 1. "
+            "Fix: pass e.g. --unknown_accept 0.95, or 0 to never answer unknown."
+        )
     try:
-        classifier = Classifier(args.model, args.threads)
+        classifier = Classifier(args.model, args.threads, args.unknown_accept)
     except UserError as e:
         sys.exit(f"error: {user_message(e)}")
     files = image_files(args.inputs)
@@ -170,8 +224,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _print_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Callable) -> None:
     if hasattr(sys.stdout, "reconfigure"):  # names that are not UTF-8 are printed as their bytes
         sys.stdout.reconfigure(errors=prediction_csv.ERRORS)
-    for path, names, probs in classifier.classify(files, top_k, on_bad=skip):
-        print(f"{path}\t" + "\t".join(f"{n} {p:.4f}" for n, p in zip(names, probs, strict=True)))
+    for answer in classifier.classify(files, top_k, on_bad=skip):
+        pairs = zip(answer.names, answer.probabilities, strict=True)
+        score = classifier.calibration.score_name
+        unknown = f"{UNKNOWN} ({score} {answer.score:.4f})\t" if answer.unknown else ""
+        print(f"{answer.path}\t{unknown}" + "\t".join(f"{n} {p:.4f}" for n, p in pairs))
 
 
 def _write_csv(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, output: Path) -> None:
@@ -191,7 +248,7 @@ def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
         names = classifier.class_names
         if classifier.multilabel:  # every label's probability, in label order
             writer.writerow(prediction_csv.multilabel_header(names))
-            for path, top, probs in classifier.classify(files, len(names), on_bad=skip):
+            for path, top, probs, *_ in classifier.classify(files, len(names), on_bad=skip):
                 by_name = dict(zip(top, probs, strict=True))
                 ordered = [by_name[n] for n in names]
                 writer.writerow(
@@ -199,5 +256,6 @@ def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
                 )
         else:
             writer.writerow(prediction_csv.header(min(top_k, len(names))))
-            for path, top, probs in classifier.classify(files, top_k, on_bad=skip):
-                writer.writerow(prediction_csv.row(str(path), top, probs))
+            for answer in classifier.classify(files, top_k, on_bad=skip):
+                cells = (str(answer.path), answer.names, answer.probabilities, answer.class_name)
+                writer.writerow(prediction_csv.row(*cells))

@@ -291,8 +291,9 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:
             return None
-        logits = self(batch[0]).float()
-        return logits.sigmoid() if self.task == "multilabel" else logits.softmax(dim=1)
+        # logits: PredictionWriter turns them into probabilities with the export's temperature and
+        # unknown threshold (project.calibration), as infer and serve do
+        return self(batch[0]).float()
 
     # ---- optimization ----
 

@@ -1,5 +1,8 @@
 """The predictions CSV of `predict` and of the torch-free `infer`: file, class_name, probability, top-k.
 
+class_name is `unknown` for an image below the export's unknown threshold (`project.calibration`);
+probability and the top-k columns still give its most probable classes.
+
 Multi-label models write `file, labels, probability_<label>...` instead: the predicted labels
 (separated by spaces) and every label's sigmoid probability.
 
@@ -45,9 +48,14 @@ def multilabel_row(
     return [file, chosen, *(f"{p:.6f}" for p in probabilities)]
 
 
-def row(file: str, names: Sequence[str], probabilities: Sequence[float]) -> list[str]:
-    """One image's row; `names` and `probabilities` are its top-k classes, most likely first."""
-    cells = [file, names[0], f"{probabilities[0]:.6f}"]
+def row(
+    file: str, names: Sequence[str], probabilities: Sequence[float], class_name: str | None = None
+) -> list[str]:
+    """One image's row; `names` and `probabilities` are its top-k classes, most likely first.
+
+    `class_name` is the answer when it is not the top class (`unknown`: below the export's threshold).
+    """
+    cells = [file, class_name or names[0], f"{probabilities[0]:.6f}"]
     for name, probability in zip(names, probabilities, strict=True):
         cells += [name, f"{probability:.6f}"]
     return cells

@@ -5,7 +5,9 @@
 RUN is a run name (a folder in logs/) or the path of a run folder. Reads the run's TensorBoard
 event files and writes `report.png` (loss, accuracy, learning rate, throughput, the last
 confusion matrix and per-class accuracy) and `report.html` (the picture and the final metrics)
-into the run folder. Needs neither torch nor lightning: tensorboard, numpy and matplotlib.
+into the run folder. When the run has a calibrated export (`checkpoints/<run>/latest.json`), it
+also writes `reliability.png`: the reliability diagram of the validation split before and after
+the temperature. Needs neither torch nor lightning: tensorboard, numpy and matplotlib.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import html
 import io
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +28,7 @@ from matplotlib.figure import Figure
 from project import figures
 from project.atomic import atomic_write
 from project.errors import UserError, user_message
-from project.runs import LOGS
+from project.runs import CHECKPOINTS, LOGS
 
 CLASS_ACC = "val_class_acc/"
 COUNTS = "val/confusion_matrix_counts"
@@ -181,7 +184,48 @@ def report(run: str, output: str | None = None) -> Path:
     draw_report(data).savefig(image, format="png")
     atomic_write(png, image.getbuffer())
     write_html(data, png, png.with_suffix(".html"))
+    reliability = png.with_name("reliability.png")
+    if write_reliability(CHECKPOINTS / run_dir.name / "latest.json", reliability):
+        print(f"Reliability diagram written to {reliability}")
     return png
+
+
+def write_reliability(sidecar: Path, png: Path) -> bool:
+    """The reliability diagram of the export `sidecar` describes, at `png`; False when it has none."""
+    try:
+        meta = json.loads(sidecar.read_text())
+        bins = meta["reliability"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    image = io.BytesIO()
+    draw_reliability(bins, meta).savefig(image, format="png")
+    atomic_write(png, image.getbuffer())
+    return True
+
+
+def draw_reliability(reliability: dict, meta: dict) -> Figure:
+    """Accuracy against confidence per bin, before and after the temperature (the diagonal is perfect)."""
+    figure = Figure(figsize=(10, 4.8), dpi=100, layout="constrained")
+    edges = np.linspace(0, 1, int(reliability["bins"]) + 1)
+    for i, (key, title) in enumerate((("before", "softmax"), ("after", "calibrated"))):
+        ax = figure.add_subplot(1, 2, i + 1)
+        part = reliability[key]
+        shown = np.asarray(part["count"]) > 0
+        ax.bar(edges[:-1][shown], np.asarray(part["accuracy"])[shown], width=np.diff(edges)[shown],
+               align="edge", edgecolor="black", alpha=0.7, label="accuracy")  # fmt: skip
+        ax.plot([0, 1], [0, 1], "--", color="gray", label="perfectly calibrated")
+        ax.plot(np.asarray(part["confidence"])[shown], np.asarray(part["accuracy"])[shown], "o", color="C3",
+                markersize=3, label="mean confidence")  # fmt: skip
+        ece = meta.get(f"ece_{key}")
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (top probability)", ylabel="accuracy")
+        ax.set_title(f"{title}: ECE {ece:.4f}" if ece is not None else title, fontsize=10)
+        ax.legend(fontsize=8, loc="upper left")
+    figure.suptitle(
+        f"reliability on {meta.get('calibration_images', '?')} validation images, "
+        f"temperature {float(meta.get('temperature', 1.0)):.3f}",
+        fontsize=11,
+    )
+    return figure
 
 
 def main(argv: Sequence[str] | None = None) -> None:

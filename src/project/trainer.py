@@ -6,12 +6,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from project import memory
+from project.calibration import DEFAULT_ACCEPT
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
 from project.errors import UserError
 from project.export import export_checkpoint
@@ -56,18 +57,40 @@ class Trainer(L.Trainer):
         ckpt_path: str | None = None,
         output_dir: str | None = None,
         opset: int = 18,
+        unknown_accept: float | None = DEFAULT_ACCEPT,
+        unknown_score: Literal["energy", "max_probability"] = "energy",
+        quantize: Literal["int8"] | None = None,
+        calibrate: bool = True,
     ) -> None:
         """Export a checkpoint to ONNX and .pt2, verified against PyTorch, with a JSON sidecar.
 
         Args:
             model: Unused (the checkpoint holds the model); LightningCLI passes it.
-            datamodule: Its validation images, when it has any on disk, are used for verification.
+            datamodule: Its validation images, when it has any on disk, are used for verification,
+                to fit the temperature and to choose the unknown threshold.
             ckpt_path: The checkpoint to export.
             output_dir: Where to write; default: next to the checkpoint.
             opset: ONNX opset version.
+            unknown_accept: Share of validation images the unknown threshold accepts; below it
+                infer/serve/predict answer `unknown`. 0 or null: no rejection.
+            unknown_score: What the threshold applies to: `energy` or `max_probability`.
+            quantize: `int8`: also write `<name>-int8.onnx` (static quantization), measured against
+                the float model.
+            calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
+                `unknown`).
         """
         images = validation_images(datamodule)
-        result = export_checkpoint(ckpt_path, images=images, output_dir=output_dir, opset=opset)
+        result = export_checkpoint(
+            ckpt_path,
+            images=images,
+            output_dir=output_dir,
+            opset=opset,
+            datamodule=datamodule,
+            unknown_accept=unknown_accept,
+            unknown_score=unknown_score,
+            quantize=quantize,
+            calibrate=calibrate,
+        )
         print(f"Exported {result.onnx}\n         {result.pt2}\n         {result.sidecar}")
 
 

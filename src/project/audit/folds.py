@@ -184,5 +184,7 @@ def predict(
         batches = trainer.predict(model, dataloaders=loader)
     finally:
         handle.remove()
-    probs = torch.cat([b.float().cpu() for b in batches]).numpy()
+    logits = torch.cat([b.float().cpu() for b in batches])  # predict_step returns logits
+    multilabel = getattr(model, "task", "multiclass") == "multilabel"
+    probs = (logits.sigmoid() if multilabel else logits.softmax(1)).numpy()
     return probs, torch.cat(captured).numpy()

@@ -2,11 +2,16 @@
 
 For a multi-label model: file, the predicted labels, and every label's probability. Under DDP the
 rows of every process are gathered: the CSV has each image exactly once, whatever the strategy.
+
+`predict_step` returns logits; probabilities are calibrated with the temperature of the
+checkpoint's export, and class_name is `unknown` below its unknown threshold, through
+`project.calibration` exactly as `infer` and `serve` do.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,8 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from project import prediction_csv
+from project.calibration import UNKNOWN, Calibration
+from project.errors import UserError
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -27,25 +34,75 @@ class PredictionWriter(BasePredictionWriter):
     image that a distributed sampler handed to two processes (its padding) is written once.
     """
 
-    def __init__(self, output: str = "predictions.csv", top_k: int = 5) -> None:
+    def __init__(
+        self,
+        output: str = "predictions.csv",
+        top_k: int = 5,
+        sidecar: str | None = "auto",
+        unknown_accept: float | None = None,
+        explain_dir: str | None = None,
+    ) -> None:
         """
         Args:
             output: CSV file to write (replaced atomically when prediction finishes).
             top_k: How many of the most likely classes to list per image.
+            sidecar: The export sidecar (.json) whose temperature and unknown threshold apply;
+                `auto`: the newest export of --ckpt_path in its folder; null: plain softmax.
+            unknown_accept: Override the export's share of validation images accepted (0: never
+                `unknown`); null: the export's.
+            explain_dir: Write a Grad-CAM overlay per image here (`<file>.cam.png`); null: none.
         """
         super().__init__(write_interval="batch")
         self.output = Path(output)
         self.top_k = top_k
+        self.sidecar = sidecar
+        self.unknown_accept = unknown_accept
+        self.explain_dir = Path(explain_dir) if explain_dir else None
+        self.calibration = Calibration()
+        self._explainer: Any = None
         self._positions: list[torch.Tensor] = []
         self._probabilities: list[torch.Tensor] = []
         self._classes: list[torch.Tensor] = []
+        self._known: list[torch.Tensor] = []
 
     @property
     def _partial(self) -> Path:
         return self.output.with_name(f".{self.output.name}.partial")
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._positions, self._probabilities, self._classes = [], [], []
+        self._positions, self._probabilities, self._classes, self._known = [], [], [], []
+        self.calibration = Calibration()
+        if not _multilabel(pl_module):
+            meta = self._export_sidecar(trainer)
+            if meta is not None:
+                self.calibration = Calibration.from_sidecar(meta, self.unknown_accept)
+        if self.explain_dir is not None:
+            from project.explain import Explainer
+
+            self._explainer = Explainer(pl_module.normalize, pl_module.net, pl_module.hparams.backbone)
+
+    def _export_sidecar(self, trainer: L.Trainer) -> dict | None:
+        """The sidecar to calibrate with, or None (said on stdout) when there is none."""
+        if self.sidecar is None:
+            return None
+        if self.sidecar != "auto":
+            try:
+                return json.loads(Path(self.sidecar).read_text())
+            except (OSError, ValueError) as e:
+                raise UserError(
+                    f"--predictions.sidecar '{self.sidecar}' is not a readable export sidecar ({e}).",
+                    "pass the .json that `python -m project export` wrote beside the .onnx, or `auto`.",
+                ) from None
+        found = export_of(trainer.ckpt_path)
+        if found is None:
+            if trainer.is_global_zero:
+                print(
+                    f"No export of '{trainer.ckpt_path}' beside it: probabilities are the plain softmax "
+                    "and no image is `unknown`. Export it first (python -m project export --ckpt_path ...) "
+                    "or pass --predictions.sidecar=PATH.json."
+                )
+            return None
+        return found
 
     def write_on_batch_end(
         self,
@@ -59,27 +116,41 @@ class PredictionWriter(BasePredictionWriter):
     ) -> None:
         if prediction is None:  # every image of the batch was skipped as bad
             return
+        logits = prediction.detach().float().cpu()
         if _multilabel(pl_module):  # every label's probability, in label order
-            probabilities, classes = prediction, torch.empty(len(prediction), 0, dtype=torch.long)
+            probabilities, classes = logits.sigmoid(), torch.empty(len(logits), 0, dtype=torch.long)
+            known = torch.ones(len(logits), dtype=torch.bool)
         else:
-            probabilities, classes = prediction.topk(self._k(pl_module), dim=1)
+            calibrated = torch.from_numpy(self.calibration.probabilities(logits.numpy()))
+            probabilities, classes = calibrated.topk(self._k(pl_module), dim=1)
+            known = torch.from_numpy(self.calibration.known(logits.numpy()))
         self._positions.append(batch[1].detach().cpu())
-        self._probabilities.append(probabilities.detach().float().cpu())
-        self._classes.append(classes.detach().cpu())
+        self._probabilities.append(probabilities.double())
+        self._classes.append(classes)
+        self._known.append(known)
+        if self._explainer is not None:
+            dataset = trainer.predict_dataloaders.dataset
+            names = [_relative(dataset.files[i], dataset.root) for i in batch[1].tolist()]
+            self._explainer.write(batch[0], names, self.explain_dir)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         multilabel = _multilabel(pl_module)
         width = len(_names(pl_module)) if multilabel else self._k(pl_module)
         positions = _gather(trainer, pl_module, _cat(self._positions, (0,), torch.long))
-        probabilities = _gather(trainer, pl_module, _cat(self._probabilities, (0, width), torch.float))
+        probabilities = _gather(trainer, pl_module, _cat(self._probabilities, (0, width), torch.double))
         classes = _gather(trainer, pl_module, _cat(self._classes, (0, 0 if multilabel else width)))
-        self._positions, self._probabilities, self._classes = [], [], []
+        known = _gather(trainer, pl_module, _cat(self._known, (0,), torch.bool))
+        self._positions, self._probabilities, self._classes, self._known = [], [], [], []
         if not trainer.is_global_zero:
             return
         # each image once, in the order of the file list: np.unique sorts and finds first occurrences
         order = np.unique(positions.numpy(), return_index=True)[1]
         rows = zip(
-            positions[order].tolist(), probabilities[order].tolist(), classes[order].tolist(), strict=True
+            positions[order].tolist(),
+            probabilities[order].tolist(),
+            classes[order].tolist(),
+            known[order].tolist(),
+            strict=True,
         )
         self.output.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -98,17 +169,37 @@ class PredictionWriter(BasePredictionWriter):
         names = _names(pl_module)
         if _multilabel(pl_module):
             writer.writerow(prediction_csv.multilabel_header(names))
-            for i, probs, _ in rows:
+            for i, probs, _, _ in rows:
                 file = _relative(dataset.files[i], dataset.root)
                 writer.writerow(prediction_csv.multilabel_row(file, names, probs, pl_module.threshold))
             return
         writer.writerow(prediction_csv.header(self._k(pl_module)))
-        for i, top_p, top_c in rows:
+        for i, top_p, top_c, known in rows:
             file = _relative(dataset.files[i], dataset.root)
-            writer.writerow(prediction_csv.row(file, [names[c] for c in top_c], top_p))
+            top = [names[c] for c in top_c]
+            writer.writerow(prediction_csv.row(file, top, top_p, None if known else UNKNOWN))
 
     def _k(self, pl_module: L.LightningModule) -> int:
         return min(self.top_k, len(_names(pl_module)))
+
+
+def export_of(ckpt_path: str | os.PathLike | None) -> dict | None:
+    """The sidecar of the newest float export of `ckpt_path` in its folder, or None."""
+    if not ckpt_path:
+        return None
+    ckpt = Path(ckpt_path).resolve()
+    newest: tuple[float, dict] | None = None
+    for path in ckpt.parent.glob("*.json"):
+        if path.is_symlink() or path.stem.endswith("-int8"):
+            continue
+        try:
+            meta = json.loads(path.read_text())
+            source = Path(meta["source_checkpoint"]["path"]).resolve()
+        except (ValueError, KeyError, TypeError, OSError):
+            continue  # not a sidecar
+        if source == ckpt and (newest is None or path.stat().st_mtime > newest[0]):
+            newest = (path.stat().st_mtime, meta)
+    return None if newest is None else newest[1]
 
 
 def _cat(parts: list[torch.Tensor], empty: tuple[int, ...], dtype: torch.dtype = torch.long) -> torch.Tensor:

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from project.calibration import UNKNOWN
 from project.errors import UserError, user_message
 from project.serve import bodies, memory
 from project.serve.batching import Batcher, Overloaded
@@ -115,15 +116,15 @@ class Prepared:
 
 
 def run_batch(items: Sequence[Prepared]) -> list[tuple[np.ndarray, int]]:
-    """(probabilities, batch size) per item. Items preprocessed for an older model run on that model."""
+    """(logits, batch size) per item. Items preprocessed for an older model run on that model."""
     results: list[tuple[np.ndarray, int]] = [(np.empty(0), 0)] * len(items)
     groups: dict[int, list[int]] = {}
     for i, item in enumerate(items):
         groups.setdefault(id(item.model), []).append(i)
     for indices in groups.values():
         model = items[indices[0]].model
-        probabilities = model.classifier.probabilities(np.stack([items[i].array for i in indices]))
-        for i, p in zip(indices, probabilities, strict=True):
+        logits = model.classifier.logits(np.stack([items[i].array for i in indices]))
+        for i, p in zip(indices, logits, strict=True):
             results[i] = (p, len(indices))
     return results
 
@@ -165,13 +166,26 @@ def parse_top_k(query: Sequence[tuple[str, str]], default: int) -> int:
     return int(raw)
 
 
-def answer(model: LoadedModel, probabilities: np.ndarray, top_k: int, batch_size: int) -> dict:
-    names, probs = model.classifier.top(probabilities, top_k)
+def answer(model: LoadedModel, logits: np.ndarray, top_k: int, batch_size: int) -> dict:
+    """The JSON answer for one image's logits: calibrated top-k, `unknown` below the export's threshold."""
+    classifier = model.classifier
+    probabilities = classifier.probabilities_of(logits[None])[0]
+    names, probs = classifier.top(probabilities, top_k)
     result = {
         "version": model.version,
         "predictions": [{"class_name": n, "probability": p} for n, p in zip(names, probs, strict=True)],
         "batch_size": batch_size,
     }
+    if not classifier.multilabel:
+        unknown, scores = classifier.unknown(logits[None])
+        result["class_name"] = UNKNOWN if unknown[0] else names[0]
+        if scores is not None:
+            calibration = classifier.calibration
+            result["unknown"] = {
+                "score": calibration.score_name,
+                "value": float(scores[0]),
+                "threshold": calibration.threshold,
+            }
     if model.classifier.multilabel:  # every label at or above the export's threshold, not only the top k
         threshold = model.classifier.threshold
         all_names = model.classifier.class_names
@@ -349,10 +363,10 @@ def create_app(
             args = (data, slot.current, settings.limits.max_pixels)
             prepared = await loop.run_in_executor(decode_pool, prepare, *args)
         try:
-            probabilities, batch_size = await batcher.submit(prepared)
+            logits, batch_size = await batcher.submit(prepared)
         except Overloaded as e:
             raise RequestError(503, f"The service is overloaded: {e}.", "retry after a second.") from None
-        result = answer(prepared.model, probabilities, top_k, batch_size)
+        result = answer(prepared.model, logits, top_k, batch_size)
         if sampler is not None:
             record = {"width": prepared.width, "height": prepared.height, **result}
             sampler.offer(data, prepared.image_format, record)

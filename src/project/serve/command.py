@@ -37,6 +37,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
     p.add_argument("--top_k", type=int, default=5, help="classes per answer unless ?top_k= says otherwise")
+    p.add_argument(
+        "--unknown_accept",
+        type=float,
+        default=None,
+        help="share of validation images accepted; below the threshold this gives, the answer's "
+        "class_name is `unknown` (default: the export's, usually 0.95; 0: never unknown)",
+    )
     batching = p.add_argument_group("batching")
     batching.add_argument("--max_batch_size", type=int, default=32, help="1 turns batching off")
     batching.add_argument("--max_wait_ms", type=float, default=5.0, help="how long a batch waits to fill up")
@@ -96,6 +103,8 @@ def check(args: argparse.Namespace) -> None:
     if args.threads is not None:
         positive_int("threads", args.threads)
     require(0 <= args.port <= 65535, "port", args.port, "a port number from 0 to 65535")
+    if args.unknown_accept is not None:
+        require(0 <= args.unknown_accept <= 1, "unknown_accept", args.unknown_accept, "a share from 0 to 1")
     require(args.max_wait_ms >= 0, "max_wait_ms", args.max_wait_ms, "a number of milliseconds >= 0")
     for name in (
         "max_body_mb",
@@ -174,7 +183,7 @@ def serve(args: argparse.Namespace) -> None:
     from project.serve.sampler import Sampler
 
     return_freed_bodies()
-    slot = ModelSlot(Path(args.model), args.threads)
+    slot = ModelSlot(Path(args.model), args.threads, args.unknown_accept)
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     limits = Limits(round(args.max_body_mb * 2**20), args.max_pixels, args.read_timeout)

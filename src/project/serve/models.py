@@ -28,7 +28,7 @@ class LoadedModel:
     loaded_at: str
 
 
-def load_model(model: Path, threads: int | None = None) -> LoadedModel:
+def load_model(model: Path, threads: int | None = None, unknown_accept: float | None = None) -> LoadedModel:
     """Load and warm up the export `model` points at; UserError naming the file when it cannot."""
     resolved = model.resolve()
     if not resolved.is_file():
@@ -37,7 +37,7 @@ def load_model(model: Path, threads: int | None = None) -> LoadedModel:
             f"Model '{model}' {what} does not exist.".replace("  ", " "),
             "pass --model PATH to an .onnx written by `python -m project export`, or point the link at one.",
         )
-    classifier = Classifier(resolved, threads)
+    classifier = Classifier(resolved, threads, unknown_accept)
     files = classifier.meta.get("files")
     named = files.get("onnx") if isinstance(files, dict) else None
     if named is not None and named != resolved.name:
@@ -58,10 +58,11 @@ class ModelSlot:
     it is freed when the last of them is answered.
     """
 
-    def __init__(self, model: Path, threads: int | None = None) -> None:
+    def __init__(self, model: Path, threads: int | None = None, unknown_accept: float | None = None) -> None:
         self.model = model
         self.threads = threads
-        self.current = load_model(model, threads)
+        self.unknown_accept = unknown_accept
+        self.current = load_model(model, threads, unknown_accept)
         self.reloads = 0
         self.failed_reloads = 0
         self._lock = asyncio.Lock()  # two reloads at once would load the same file twice
@@ -74,7 +75,7 @@ class ModelSlot:
         """(old, new) after loading `model` again; on UserError the current model stays."""
         async with self._lock:
             try:  # in a thread: requests go on being answered by the current model meanwhile
-                new = await asyncio.to_thread(load_model, self.model, self.threads)
+                new = await asyncio.to_thread(load_model, self.model, self.threads, self.unknown_accept)
             except UserError:
                 self.failed_reloads += 1
                 raise

@@ -1,0 +1,199 @@
+"""The calibration step of `export`: a temperature and an unknown threshold fitted on the validation split.
+
+The temperature T minimizes the negative log-likelihood of softmax(logits / T) on the validation
+images (LBFGS on log T, so T stays positive); the expected calibration error (torchmetrics,
+15 equal-width bins) is measured before and after. The unknown threshold is the score that the
+share `accept` of the validation images reaches. What comes out goes into the sidecar, and
+`project.calibration` applies it identically in predict, infer and serve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+from torchmetrics.classification import MulticlassCalibrationError
+
+from project import calibration
+from project.data.dataset import ImageDataset
+from project.data.transforms import eval_transform
+
+BINS = 15
+MAX_IMAGES = 10_000  # evenly spaced over the split beyond this: minutes, not hours, on a CPU
+
+
+def validation_loader(datamodule: object, size: int, crop_ratio: float, batch_size: int = 64) -> DataLoader:
+    """The validation images (at most MAX_IMAGES) preprocessed as `infer` does; ValueError saying why not."""
+    root = getattr(datamodule, "root", None)
+    if datamodule is None or root is None:
+        raise ValueError("no data module was given (pass --data.root, or export from `fit`)")
+    if not Path(root).is_dir():
+        raise ValueError(f"the data folder '{root}' is not on this machine")
+    index = datamodule.splits["val"]
+    if len(index) == 0:
+        raise ValueError(f"'{root}' has no validation images")
+    dataset = ImageDataset(index, eval_transform(size, crop_ratio))
+    if len(index) > MAX_IMAGES:
+        dataset = Subset(dataset, np.linspace(0, len(index) - 1, MAX_IMAGES).astype(int).tolist())
+    workers = int(getattr(datamodule, "num_workers", 0) or 0)
+    return DataLoader(dataset, batch_size=batch_size, num_workers=workers)
+
+
+@torch.no_grad()
+def collect_logits(model: nn.Module, loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [N, C] float32, labels [N]) of `model` (uint8 images in) over `loader`."""
+    logits, labels = [], []
+    for images, targets in loader:
+        logits.append(model(images).float())
+        labels.append(targets.long())
+    return torch.cat(logits), torch.cat(labels)
+
+
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The temperature minimizing the NLL of softmax(logits / T) on (logits, labels)."""
+    log_t = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
+    logits, labels = logits.double(), labels.long()
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(logits / log_t.double().exp(), labels)
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return float(log_t.detach().exp())
+
+
+def ece(probabilities: torch.Tensor, labels: torch.Tensor) -> float:
+    """Expected calibration error (L1, 15 equal-width bins of the top probability)."""
+    metric = MulticlassCalibrationError(probabilities.shape[1], n_bins=BINS, norm="l1")
+    return float(metric(probabilities.float(), labels))
+
+
+def reliability(probabilities: np.ndarray, labels: np.ndarray) -> dict[str, list[float]]:
+    """Per confidence bin: mean confidence, accuracy and count (what a reliability diagram draws)."""
+    confidence = probabilities.max(axis=1)
+    correct = probabilities.argmax(axis=1) == labels
+    bins = np.minimum((confidence * BINS).astype(int), BINS - 1)
+    count = np.bincount(bins, minlength=BINS)
+    safe = np.maximum(count, 1)
+    return {
+        "confidence": (np.bincount(bins, confidence, BINS) / safe).tolist(),
+        "accuracy": (np.bincount(bins, correct, BINS) / safe).tolist(),
+        "count": count.tolist(),
+    }
+
+
+def separation(known: np.ndarray, other: np.ndarray) -> float:
+    """AUROC of telling `known` scores (should be higher) from `other` ones: 0.5 chance, 1 perfect."""
+    from torchmetrics.functional.classification import binary_auroc
+
+    scores = torch.from_numpy(np.concatenate([known, other]).astype(np.float64))
+    target = torch.cat([torch.ones(len(known)), torch.zeros(len(other))]).long()
+    return float(binary_auroc(scores, target))
+
+
+def calibrate(logits: torch.Tensor, labels: torch.Tensor, accept: float | None, score_name: str) -> dict:
+    """The sidecar's calibration keys for validation (logits, labels)."""
+    temperature = fit_temperature(logits, labels)
+    before = logits.double().softmax(1)
+    after = torch.from_numpy(calibration.softmax(logits.numpy(), temperature))
+    names = calibration.SCORES
+    scores = {name: calibration.score(logits.numpy(), name, temperature) for name in names}
+    correct = (after.argmax(1) == labels).numpy()
+    result = {
+        "temperature": temperature,
+        "ece_before": ece(before, labels),
+        "ece_after": ece(after, labels),
+        "calibration_images": len(labels),
+        "reliability": {
+            "bins": BINS,
+            "before": reliability(before.numpy(), labels.numpy()),
+            "after": reliability(after.numpy(), labels.numpy()),
+        },
+        "unknown_score": score_name,
+        "unknown_accept": accept if accept else None,
+        "unknown_quantiles": calibration.quantiles(scores[score_name]),
+        # how well each score tells right answers from wrong ones on validation (AUROC)
+        "unknown_score_auroc_right_vs_wrong": {
+            name: separation(s[correct], s[~correct]) if 0 < correct.sum() < len(correct) else None
+            for name, s in scores.items()
+        },
+    }
+    result["unknown_threshold"] = (
+        calibration.threshold_for(result["unknown_quantiles"], accept) if accept else None
+    )
+    return result
+
+
+def skipped(reason: str) -> dict:
+    """The calibration keys of an export that could not be calibrated, and why."""
+    return {
+        "temperature": 1.0,
+        "ece_before": None,
+        "ece_after": None,
+        "calibration_skipped": reason,
+        "unknown_score": None,
+        "unknown_accept": None,
+        "unknown_threshold": None,
+    }
+
+
+def calibrate_export(
+    model: nn.Module,
+    datamodule: object,
+    size: int,
+    crop_ratio: float,
+    task: str,
+    accept: float | None,
+    score_name: str,
+) -> dict:
+    """Calibration keys for the sidecar; prints why when it is skipped."""
+    if task == "multilabel":
+        return _skip("a multi-label model has a sigmoid per label, not one softmax to calibrate")
+    try:
+        loader = validation_loader(datamodule, size, crop_ratio)
+    except ValueError as e:
+        return _skip(str(e))
+    logits, labels = collect_logits(model, loader)
+    result = calibrate(logits, labels, accept, score_name)
+    print(
+        f"Calibrated on {len(labels)} validation images: temperature {result['temperature']:.3f}, "
+        f"ECE {result['ece_before']:.4f} -> {result['ece_after']:.4f}"
+        + (
+            f"; below {result['unknown_score']} {result['unknown_threshold']:.4f} an image is `unknown` "
+            f"({accept:.0%} of validation images accepted)"
+            if accept
+            else "; unknown rejection off"
+        )
+    )
+    return result
+
+
+def _skip(reason: str) -> dict:
+    print(f"Calibration skipped: {reason}. Probabilities are the plain softmax and no image is `unknown`.")
+    return skipped(reason)
+
+
+def check_accept(accept: float | None, option: str) -> None:
+    """The share of validation images to accept: 0 < share <= 1, or 0/None for off."""
+    from project.errors import UserError
+
+    if accept is not None and not 0 <= accept <= 1:
+        raise UserError(
+            f"{option}={accept} is not a share from 0 to 1.",
+            f"pass e.g. {option}=0.95 (accept 95% of validation images), or 0 to turn rejection off.",
+        )
+
+
+def check_score(name: str, option: str, choices: Sequence[str] = calibration.SCORES) -> None:
+    from project.errors import UserError
+
+    if name not in choices:
+        raise UserError(f"{option}={name!r} is not a known score.", f"pass one of {', '.join(choices)}.")

@@ -1,0 +1,85 @@
+"""Calibrated probabilities and the `unknown` answer, from logits: numpy only, shared by every path.
+
+`predict` (Lightning), `infer` (onnxruntime) and `serve` turn logits into answers through this
+module with the values `export` wrote into the sidecar, so the three agree to float rounding:
+
+- probabilities: softmax(logits / temperature), the temperature fitted on the validation split;
+- the unknown score, higher meaning "more like the training classes": `energy` is
+  T * logsumexp(logits / T) (the negative free energy), `max_probability` the top calibrated
+  probability;
+- the rule: an image whose score is below `unknown_threshold` is answered `unknown` (its class
+  probabilities are still reported). The threshold accepts the share `unknown_accept` of the
+  validation images; `unknown_quantiles` (the validation scores at shares 0, 1, ..., 100 %) let
+  a command choose another share without the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+UNKNOWN = "unknown"
+SCORES = ("energy", "max_probability")
+DEFAULT_ACCEPT = 0.95
+
+
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Probabilities [N, C] of logits [N, C] at `temperature`."""
+    scaled = np.asarray(logits, dtype=np.float64) / temperature
+    exp = np.exp(scaled - scaled.max(axis=1, keepdims=True))
+    return exp / exp.sum(axis=1, keepdims=True)
+
+
+def score(logits: np.ndarray, name: str, temperature: float = 1.0) -> np.ndarray:
+    """The unknown score [N] of each image: higher means more like the training classes."""
+    if name == "max_probability":
+        return softmax(logits, temperature).max(axis=1)
+    if name == "energy":
+        scaled = np.asarray(logits, dtype=np.float64) / temperature
+        top = scaled.max(axis=1)
+        return temperature * (top + np.log(np.exp(scaled - top[:, None]).sum(axis=1)))
+    raise ValueError(f"unknown score {name!r}: expected one of {SCORES}")
+
+
+def quantiles(scores: np.ndarray) -> list[float]:
+    """The scores at shares 0, 1, ..., 100 % of `scores` (what a threshold for any share needs)."""
+    return [float(q) for q in np.quantile(np.asarray(scores, dtype=np.float64), np.linspace(0, 1, 101))]
+
+
+def threshold_for(table: list[float], accept: float) -> float:
+    """The score that accepts the share `accept` of the images `table` (from `quantiles`) describes."""
+    return float(np.interp(1.0 - accept, np.linspace(0, 1, len(table)), table))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the sidecar says about turning logits into answers (identity for an uncalibrated export)."""
+
+    temperature: float = 1.0
+    score_name: str = "energy"
+    threshold: float | None = None  # None: no image is answered unknown
+
+    @classmethod
+    def from_sidecar(cls, meta: Mapping, accept: float | None = None) -> Calibration:
+        """The sidecar's calibration; `accept` (0 turns rejection off) overrides its share."""
+        temperature = float(meta.get("temperature") or 1.0)
+        name = str(meta.get("unknown_score") or "energy")
+        threshold = meta.get("unknown_threshold")
+        table = meta.get("unknown_quantiles")
+        if accept is not None:
+            threshold = threshold_for(table, accept) if accept > 0 and table else None
+        return cls(temperature, name, None if threshold is None else float(threshold))
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        return softmax(logits, self.temperature)
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        return score(logits, self.score_name, self.temperature)
+
+    def known(self, logits: np.ndarray) -> np.ndarray:
+        """bool [N]: True where the image is answered with a class, False where `unknown`."""
+        if self.threshold is None:
+            return np.ones(len(logits), dtype=bool)
+        return self.scores(logits) >= self.threshold

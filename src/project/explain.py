@@ -1,0 +1,88 @@
+"""Grad-CAM heat maps of predictions (`predict --predictions.explain_dir=DIR`), for error analysis.
+
+Which parts of an image drove the predicted class: the gradients of that class's logit weight
+the activations of the network's last convolutional block (pytorch-grad-cam's GradCAM). The
+overlay, the image with the heat map over it, is written as `<DIR>/<image's path>.cam.png`.
+Needs the `explain` extra (`pip install -e .[explain]`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from project.atomic import atomic_write
+from project.backbones import head_of
+from project.errors import UserError
+
+
+def target_layer(net: nn.Module, backbone: str) -> nn.Module:
+    """The last top-level block of `net` with a convolution before the head: resnet's layer4,
+    mobilenet's, efficientnet's and convnext's `features`."""
+    if backbone.startswith(("vit_", "swin_", "maxvit")):
+        raise UserError(
+            f"Grad-CAM is not set up for '{backbone}': a transformer's attention maps are not a "
+            "convolution's feature map.",
+            "explain a convolutional backbone (resnet, mobilenet, efficientnet, convnext, regnet), "
+            "or leave --predictions.explain_dir unset.",
+        )
+    head = head_of(net)
+    blocks = [
+        m
+        for m in net.children()
+        if any(isinstance(c, nn.Conv2d) and c is not head for c in m.modules()) and head not in m.modules()
+    ]
+    if not blocks:
+        raise UserError(f"'{backbone}' has no convolutional block to explain.", "use a CNN backbone.")
+    return blocks[-1]
+
+
+class Explainer:
+    """Grad-CAM of a classifier (`normalize` then `net`, uint8 images in) for its predicted classes."""
+
+    def __init__(self, normalize: nn.Module, net: nn.Module, backbone: str) -> None:
+        try:
+            from pytorch_grad_cam import GradCAM
+        except ImportError:
+            raise UserError(
+                "--predictions.explain_dir needs the grad-cam package.",
+                "pip install -e '.[explain]' (or pip install grad-cam).",
+            ) from None
+        self.model = nn.Sequential(normalize, net)
+        self.cam = GradCAM(self.model, [target_layer(net, backbone)])
+
+    def heat_maps(self, images: torch.Tensor) -> np.ndarray:
+        """float [N, H, W] in 0..1 for uint8 images [N, 3, H, W] (the predicted class of each)."""
+        with torch.inference_mode(False), torch.enable_grad():
+            # predict runs in inference mode; Grad-CAM needs gradients of an ordinary tensor
+            batch = images.detach().clone().float().requires_grad_(True)
+            return self.cam(batch, targets=None)
+
+    def write(self, images: torch.Tensor, names: Sequence[str], folder: Path) -> list[Path]:
+        """An overlay PNG per image at folder/<name>.cam.png; returns their paths."""
+        from pytorch_grad_cam.utils.image import show_cam_on_image
+
+        maps = self.heat_maps(images)
+        written = []
+        for image, heat, name in zip(images, maps, names, strict=True):
+            rgb = image.detach().cpu().permute(1, 2, 0).numpy().astype(np.float32) / 255
+            overlay = show_cam_on_image(rgb, heat, use_rgb=True)
+            path = folder / f"{name}.cam.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            buffer = _png(overlay)
+            atomic_write(path, buffer)
+            written.append(path)
+        return written
+
+
+def _png(array: np.ndarray) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format="PNG")
+    return out.getvalue()

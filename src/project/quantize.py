@@ -1,0 +1,191 @@
+"""int8 export (`export --quantize int8`): onnxruntime static quantization, measured against the float model.
+
+The float ONNX export is quantized in QDQ format, weights per channel (int8), activations per
+tensor (uint8), the classification head left in float, with activation ranges calibrated on
+training images preprocessed exactly as `infer` preprocesses (decode, resize, centre crop). It is
+written beside the float model as `<name>-int8.onnx` with its own sidecar: the float sidecar plus
+what was measured on the validation split (the share of images whose top-1 agrees with the float
+model, the accuracy of each) and the latency of each at batch 1 and 8. Its temperature and unknown
+threshold are fitted again on its own validation logits. `infer` and `serve` run it like any export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from project import calibrate
+from project.data.dataset import ImageDataset
+from project.data.transforms import eval_transform
+from project.errors import UserError
+
+CALIBRATION_IMAGES = 256
+LATENCY_BATCHES = (1, 8)
+
+
+class TrainingImages:
+    """onnxruntime's CalibrationDataReader over up to `count` training images, evenly spaced."""
+
+    def __init__(self, datamodule: object, size: int, crop_ratio: float, count: int = CALIBRATION_IMAGES):
+        index = datamodule.splits["train"]
+        picks = np.linspace(0, len(index) - 1, min(count, len(index))).astype(int)
+        dataset = ImageDataset(index.subset(picks), eval_transform(size, crop_ratio))
+        self._batches = iter(DataLoader(dataset, batch_size=32))
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        batch = next(self._batches, None)
+        return None if batch is None else {"images": batch[0].numpy()}
+
+    def rewind(self) -> None:  # quantize_static reads once
+        pass
+
+
+def quantize_export(onnx_path: Path, datamodule: object) -> Path:
+    """Write `<stem>-int8.onnx` and its sidecar beside the float export `onnx_path`; returns its path."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    onnx_path = Path(onnx_path)
+    meta = json.loads(onnx_path.with_suffix(".json").read_text())
+    size, crop_ratio = int(meta["image_size"]), float(meta["preprocessing"]["crop_ratio"])
+    root = getattr(datamodule, "root", None)
+    if root is None or not Path(root).is_dir():
+        raise UserError(
+            "--quantize int8 calibrates on training images, but the data is not on this machine"
+            + (f" ('{root}')." if root else "."),
+            "pass --data.root=PATH of the training data (its train/ split is read).",
+        )
+    final = onnx_path.with_name(f"{onnx_path.stem}-int8.onnx")
+    partial = final.with_name(f".{final.name}.partial")
+    sidecar = final.with_suffix(".json")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            prepared = Path(tmp) / "prepared.onnx"
+            quant_pre_process(str(onnx_path), str(prepared), skip_symbolic_shape=True)
+            quantize_static(
+                str(prepared),
+                str(partial),
+                TrainingImages(datamodule, size, crop_ratio),
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=CalibrationMethod.MinMax,
+                nodes_to_exclude=head_nodes(prepared),
+            )
+        int8_meta = {**meta, "files": {"onnx": final.name}, "quantization": _quantization_notes()}
+        int8_meta.update(measure(onnx_path, partial, datamodule, size, crop_ratio, meta))
+        sidecar_partial = sidecar.with_name(f".{sidecar.name}.partial")
+        sidecar_partial.write_text(json.dumps(int8_meta, indent=2) + "\n")
+        for path in (partial, sidecar_partial):
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(partial, final)
+        os.replace(sidecar_partial, sidecar)
+    finally:
+        partial.unlink(missing_ok=True)
+        sidecar.with_name(f".{sidecar.name}.partial").unlink(missing_ok=True)
+    from project.export import point
+
+    point(final.with_name("latest-int8.onnx"), final.name)
+    point(final.with_name("latest-int8.json"), sidecar.name)
+    q = int8_meta
+    print(
+        f"int8 model {final}: top-1 agrees with float on {q['agreement']:.2%} of validation images, "
+        f"accuracy {q['accuracy_float']:.4f} -> {q['accuracy_int8']:.4f}, batch 8 "
+        f"{q['latency_ms']['float']['8']:.2f} -> {q['latency_ms']['int8']['8']:.2f} ms"
+    )
+    return final
+
+
+def head_nodes(model: Path) -> list[str]:
+    """The classification head (the graph's last Gemm/MatMul), left in float.
+
+    It is a sliver of the compute but decides the top-1: quantized, it flipped 1.7% of the answers
+    of a CIFAR-10 resnet18, in float 0.9% (docs/benchmarks.md).
+    """
+    import onnx
+
+    linear = [n.name for n in onnx.load(str(model)).graph.node if n.op_type in ("Gemm", "MatMul")]
+    return linear[-1:]
+
+
+def _quantization_notes() -> dict:
+    return {
+        "method": "onnxruntime quantize_static",
+        "format": "QDQ",
+        "weights": "int8, per channel",
+        "activations": "uint8, per tensor, MinMax",
+        "float": "the classification head (last Gemm/MatMul)",
+        "calibration_images": f"up to {CALIBRATION_IMAGES} training images",
+    }
+
+
+def measure(
+    float_path: Path, int8_path: Path, datamodule: object, size: int, crop_ratio: float, meta: dict
+) -> dict:
+    """Agreement and accuracy on the validation split, latency at batch 1 and 8, and the int8 calibration."""
+    float_session, int8_session = _session(float_path), _session(int8_path)
+    result: dict = {"latency_ms": latency({"float": float_session, "int8": int8_session}, size)}
+    try:
+        loader = calibrate.validation_loader(datamodule, size, crop_ratio)
+    except ValueError as e:
+        return {
+            **result,
+            "agreement": None,
+            "accuracy_float": None,
+            "accuracy_int8": None,
+            "measured": str(e),
+        }
+    float_logits, int8_logits, labels = [], [], []
+    for images, targets in loader:
+        batch = images.numpy()
+        float_logits.append(float_session.run(["logits"], {"images": batch})[0])
+        int8_logits.append(int8_session.run(["logits"], {"images": batch})[0])
+        labels.append(targets.numpy())
+    f, q, y = np.concatenate(float_logits), np.concatenate(int8_logits), np.concatenate(labels)
+    result |= {
+        "agreement": float((f.argmax(1) == q.argmax(1)).mean()),
+        "accuracy_float": float((f.argmax(1) == y).mean()),
+        "accuracy_int8": float((q.argmax(1) == y).mean()),
+        "validation_images": len(y),
+    }
+    if meta.get("task", "multiclass") != "multilabel" and meta.get("unknown_quantiles") is not None:
+        accept = meta.get("unknown_accept")
+        result |= calibrate.calibrate(torch.from_numpy(q), torch.from_numpy(y), accept, meta["unknown_score"])
+    return result
+
+
+def latency(sessions: dict[str, object], size: int, repeats: int = 20) -> dict[str, dict[str, float]]:
+    """Median milliseconds per call of each session at each batch size of LATENCY_BATCHES.
+
+    The sessions take turns call by call (after 3 warm-up calls each), so that other work on the
+    machine slows both alike.
+    """
+    rng = np.random.default_rng(0)
+    out: dict[str, dict[str, float]] = {name: {} for name in sessions}
+    for batch in LATENCY_BATCHES:
+        images = rng.integers(0, 256, (batch, 3, size, size), dtype=np.uint8)
+        times: dict[str, list[float]] = {name: [] for name in sessions}
+        for repeat in range(3 + repeats):
+            for name, session in sessions.items():
+                start = time.perf_counter()
+                session.run(["logits"], {"images": images})
+                if repeat >= 3:
+                    times[name].append(time.perf_counter() - start)
+        for name in sessions:
+            out[name][str(batch)] = float(np.median(times[name]) * 1000)
+    return out
+
+
+def _session(path: Path) -> object:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -1,0 +1,197 @@
+"""Trustworthy deployment: calibrated probabilities, the `unknown` answer, the int8 export, Grad-CAM."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from project import calibrate, calibration
+from project.calibration import Calibration
+from project.data.shapes import CLASSES, draw_shape
+from project.infer import Classifier
+from project.infer import main as infer_main
+from project.report import write_reliability
+from project.serve.app import Prepared, answer, run_batch
+from project.serve.models import load_model
+from tests.conftest import fast_args, run_cli
+
+CALIBRATION_KEYS = {
+    "temperature",
+    "ece_before",
+    "ece_after",
+    "unknown_score",
+    "unknown_accept",
+    "unknown_threshold",
+}
+INT8_KEYS = {"agreement", "accuracy_float", "accuracy_int8", "latency_ms", "quantization"}
+
+
+def test_the_fitted_temperature_lowers_the_ece_of_overconfident_logits() -> None:
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 5, (2000,), generator=generator)
+    logits = torch.randn(2000, 5, generator=generator)
+    logits[torch.arange(2000), labels] += 1.5  # about 60% right ...
+    logits *= 6  # ... at a confidence near 100%
+    temperature = calibrate.fit_temperature(logits, labels)
+    before = calibrate.ece(logits.softmax(1), labels)
+    after = calibrate.ece(torch.from_numpy(calibration.softmax(logits.numpy(), temperature)), labels)
+    assert 3 < temperature < 8  # undoes most of the x6
+    assert before > 0.2 and after < 0.03
+
+
+def test_energy_and_threshold_rules() -> None:
+    logits = np.array([[10.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    energy = calibration.score(logits, "energy", 2.0)
+    np.testing.assert_allclose(energy, 2.0 * np.log(np.exp(logits / 2.0).sum(1)))
+    table = calibration.quantiles(np.arange(101.0))
+    assert calibration.threshold_for(table, 0.95) == pytest.approx(5.0)
+    rule = Calibration(2.0, "energy", threshold=float(energy.mean()))
+    assert rule.known(logits).tolist() == [True, False]
+    off = Calibration.from_sidecar(
+        {"temperature": 2.0, "unknown_threshold": 3.0, "unknown_quantiles": table}, 0
+    )
+    assert off.threshold is None and off.known(logits).all()
+
+
+def test_calibration_is_skipped_with_a_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    class Missing:
+        root = tmp_path / "nowhere"
+
+    keys = calibrate.calibrate_export(torch.nn.Identity(), Missing(), 32, 0.875, "multiclass", 0.95, "energy")
+    assert keys["temperature"] == 1.0 and keys["unknown_threshold"] is None
+    assert f"Calibration skipped: the data folder '{tmp_path / 'nowhere'}' is not on this machine" in (
+        capsys.readouterr().out
+    )
+    keys = calibrate.calibrate_export(torch.nn.Identity(), Missing(), 32, 0.875, "multilabel", 0.95, "energy")
+    assert "multi-label" in keys["calibration_skipped"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path:
+    """A fit whose end-of-fit export is calibrated and quantized; returns the run's checkpoint folder."""
+    work = tmp_path_factory.mktemp("trust-work")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)
+        flags = [
+            "--name=t",
+            "--export_best.enabled=true",
+            "--export_best.quantize=int8",
+            "--trainer.max_epochs=2",
+        ]
+        assert run_cli("fit", *fast_args(shapes_root, *flags)) == 0
+    return work / "checkpoints" / "t"
+
+
+@pytest.fixture(scope="module")
+def pngs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A drawn shape of each class and three photos of something else, as PNGs (lossless: one decode)."""
+    folder = tmp_path_factory.mktemp("trust-images")
+    rng = np.random.default_rng(3)
+    for name in CLASSES:
+        Image.fromarray(np.asarray(draw_shape(name, 32, rng))).save(folder / f"{name}.png")
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(folder / f"noise{i}.png")
+    return folder
+
+
+def test_the_export_records_its_calibration(trained: Path) -> None:
+    meta = json.loads((trained / "latest.json").read_text())
+    assert set(meta) >= CALIBRATION_KEYS
+    assert meta["temperature"] > 0 and meta["ece_after"] <= meta["ece_before"] + 1e-6
+    assert meta["unknown_score"] == "energy" and meta["unknown_accept"] == 0.95
+    assert meta["unknown_threshold"] == pytest.approx(
+        calibration.threshold_for(meta["unknown_quantiles"], 0.95)
+    )
+    png = trained / "reliability.png"
+    assert write_reliability(trained / "latest.json", png) and png.stat().st_size > 10_000
+
+
+def rows(path: Path) -> dict[str, dict]:
+    with open(path, newline="") as f:
+        return {Path(r["file"]).name: r for r in csv.DictReader(f)}
+
+
+def test_predict_infer_and_serve_answer_unknown_alike(
+    trained: Path, pngs: Path, tmp_path: Path, workdir: Path
+) -> None:
+    # accept half of the validation images: some of these are answered `unknown`, some are not
+    ckpt = json.loads((trained / "latest.json").read_text())["source_checkpoint"]["path"]
+    predicted, inferred = tmp_path / "predict.csv", tmp_path / "infer.csv"
+    flags = [f"--ckpt_path={ckpt}", f"--data.predict_dir={pngs}", "--data.num_workers=0"]
+    flags += [
+        f"--predictions.output={predicted}",
+        "--predictions.unknown_accept=0.5",
+        "--trainer.logger=false",
+    ]
+    assert run_cli("predict", *flags) == 0
+    infer_main(
+        [
+            "--model",
+            str(trained / "latest.onnx"),
+            "--unknown_accept",
+            "0.5",
+            "--output",
+            str(inferred),
+            str(pngs),
+        ]
+    )
+    by_predict, by_infer = rows(predicted), rows(inferred)
+    assert set(by_predict) == set(by_infer) == {p.name for p in pngs.iterdir()}
+    decisions = {name: row["class_name"] == "unknown" for name, row in by_infer.items()}
+    assert 0 < sum(decisions.values()) < len(decisions)
+    model = load_model(trained / "latest.onnx", unknown_accept=0.5)
+    classifier = model.classifier
+    for name, row in by_infer.items():
+        assert by_predict[name]["class_name"] == row["class_name"], name
+        for k in (1, 2, 3):
+            assert float(by_predict[name][f"top{k}_probability"]) == pytest.approx(
+                float(row[f"top{k}_probability"]), abs=1e-4
+            )
+        logits = run_batch([Prepared(model, classifier.preprocess(pngs / name), 1, 1, None)])[0][0]
+        served = answer(model, logits, 3, 1)
+        assert served["class_name"] == row["class_name"]
+        assert served["unknown"]["threshold"] == classifier.calibration.threshold
+        got = [p["probability"] for p in served["predictions"]]
+        assert got == pytest.approx([float(row[f"top{k}_probability"]) for k in (1, 2, 3)], abs=1e-6)
+    # 0 turns rejection off
+    infer_main(
+        [
+            "--model",
+            str(trained / "latest.onnx"),
+            "--unknown_accept",
+            "0",
+            "--output",
+            str(inferred),
+            str(pngs),
+        ]
+    )
+    assert not [r for r in rows(inferred).values() if r["class_name"] == "unknown"]
+
+
+def test_the_int8_export_is_measured_and_runs(trained: Path, pngs: Path) -> None:
+    int8 = next(trained.glob("t-*-int8.onnx"))
+    meta = json.loads(int8.with_suffix(".json").read_text())
+    assert set(meta) >= INT8_KEYS | CALIBRATION_KEYS
+    assert meta["files"] == {"onnx": int8.name} and 0 <= meta["agreement"] <= 1
+    assert set(meta["latency_ms"]) == {"float", "int8"} and set(meta["latency_ms"]["int8"]) == {"1", "8"}
+    answers = list(Classifier(trained / "latest-int8.onnx").classify(sorted(pngs.iterdir()), top_k=2))
+    assert len(answers) == 9 and all(abs(sum(a.probabilities) - 1) < 1 for a in answers)
+
+
+def test_predict_explain_writes_an_overlay_per_image(
+    trained: Path, pngs: Path, tmp_path: Path, workdir: Path
+) -> None:
+    ckpt = json.loads((trained / "latest.json").read_text())["source_checkpoint"]["path"]
+    flags = [f"--ckpt_path={ckpt}", f"--data.predict_dir={pngs}", "--data.num_workers=0"]
+    flags += [f"--predictions.output={tmp_path / 'p.csv'}", f"--predictions.explain_dir={tmp_path / 'cam'}"]
+    assert run_cli("predict", *flags, "--trainer.logger=false") == 0
+    overlays = sorted(p.name for p in (tmp_path / "cam").iterdir())
+    assert overlays == sorted(f"{p.name}.cam.png" for p in pngs.iterdir())
+    image = np.asarray(Image.open(tmp_path / "cam" / "circle.png.cam.png"))
+    assert image.shape == (32, 32, 3) and image.std() > 0
