@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from project.atomic import remove_partials
 from project.callbacks import (
+    EMA,
     ConfusionMatrix,
     DataCheck,
     ExportBest,
@@ -145,6 +146,8 @@ class ProjectCLI(LightningCLI):
                 "checkpoint.enable_version_counter": False,
             }
         )
+        # off unless --ema.decay: validation, checkpoints and the export get the averaged weights
+        parser.add_lightning_class_args(EMA, "ema")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
         parser.add_lightning_class_args(ExportBest, "export_best")
         parser.add_lightning_class_args(DataCheck, "data_check")

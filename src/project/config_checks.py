@@ -55,6 +55,10 @@ def check_cli_config(config: Any) -> None:
             warmup,
             "an integer >= 0",
         )
+    fraction_ = _get(_get(_get(model, "scheduler"), "init_args"), "max_warmup_fraction")
+    if fraction_ is not None:
+        key = "model.scheduler.init_args.max_warmup_fraction"
+        require(_number(fraction_) and fraction_ >= 0, key, fraction_, "a number >= 0, e.g. 0.1")
     trainer = _get(config, "trainer") or {}
     accumulate = trainer.get("accumulate_grad_batches")
     if accumulate is not None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
@@ -235,6 +237,28 @@ class ImageClassifier(L.LightningModule):
             set_frozen(self.net, self.backbone_frozen)
             self.train()
 
+    @override
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        """From random weights, BatchNorm's running statistics start as the plain mean over the batches
+        seen (momentum 1/n) until that falls below the layer's own momentum: the initial mean 0 and
+        variance 1 describe no data, and kept at a weight of (1 - momentum)^steps they leave a short
+        run's evaluation (which uses these statistics) giving every image the same answer."""
+        if self.hparams.weights is not None:
+            return  # pretrained statistics describe real images: kept, as the layer's momentum keeps them
+        seen = self.trainer.fit_loop.total_batch_idx + 1
+        for module, momentum in self._bn_momenta():
+            module.momentum = max(momentum, 1 / seen)
+
+    def _bn_momenta(self) -> list[tuple[nn.Module, float]]:
+        """Each BatchNorm layer with a momentum, and that momentum as configured."""
+        if not hasattr(self, "_bn_configured"):
+            self._bn_configured = [
+                (m, m.momentum)
+                for m in self.net.modules()
+                if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is not None
+            ]
+        return self._bn_configured
+
     # ---- steps ----
 
     def loss(
@@ -357,10 +381,24 @@ class ImageClassifier(L.LightningModule):
         if self.scheduler is None:
             return {"optimizer": optimizer}
         scheduler = self.scheduler(optimizer)
-        if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
-            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
+        if isinstance(scheduler, WarmupCosineLR):
+            steps = self.trainer.estimated_stepping_batches  # inf: no max_epochs nor max_steps
+            scheduler.fit_run(int(steps) if math.isfinite(steps) else None, self._budget_share())
         if isinstance(scheduler, ReduceLROnPlateau):
             config = {"scheduler": scheduler, "monitor": "val/loss", "interval": "epoch"}
         else:
             config = {"scheduler": scheduler, "interval": self.scheduler_interval}
         return {"optimizer": optimizer, "lr_scheduler": config}
+
+    def _budget_share(self) -> Callable[[], float] | None:
+        """With --trainer.max_time: a clock giving the elapsed share of the time budget (rank 0's on every
+        rank, so that all ranks step with the same learning rate); None without a budget."""
+        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+        if timer is None or timer.time_remaining() is None:
+            return None
+
+        def share() -> float:
+            elapsed = timer.time_elapsed()
+            return self.trainer.strategy.broadcast(elapsed / max(elapsed + timer.time_remaining(), 1e-9))
+
+        return share

@@ -2,6 +2,7 @@
 
 from project.callbacks.confusion_matrix import ConfusionMatrix
 from project.callbacks.data_check import DataCheck
+from project.callbacks.ema import EMA
 from project.callbacks.export import ExportBest
 from project.callbacks.graceful_stop import GracefulStop
 from project.callbacks.grad_norm import GradNormMonitor
@@ -14,6 +15,7 @@ from project.callbacks.throughput import Throughput
 from project.callbacks.training_images import TrainingImages
 
 __all__ = [
+    "EMA",
     "ConfusionMatrix",
     "DataCheck",
     "ExportBest",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -20,17 +21,20 @@ class DataCheck(Callback):
     """Class counts per split, then the first training batch: shape, dtype, value ranges and labels.
 
     Stops with one message on labels outside [0, num_classes), NaN/inf inputs or a constant batch;
-    warns on imbalanced or empty classes. Costs one look at a batch that is trained on anyway.
+    warns on imbalanced or empty classes, and on a run too short to learn. Costs one look at a batch
+    that is trained on anyway.
     """
 
-    def __init__(self, enabled: bool = True, imbalance_ratio: float = 10.0) -> None:
+    def __init__(self, enabled: bool = True, imbalance_ratio: float = 10.0, min_steps: int = 100) -> None:
         """
         Args:
             enabled: Check the data before the first training step (`--data_check.enabled=false` skips it).
             imbalance_ratio: Warn when a split's largest class has this many times the images of its smallest.
+            min_steps: Warn when the whole run takes fewer optimizer steps than this (0: never).
         """
         self.enabled = enabled
         self.imbalance_ratio = imbalance_ratio
+        self.min_steps = min_steps
         self._batch_checked = False
 
     @override
@@ -38,6 +42,7 @@ class DataCheck(Callback):
         if not self.enabled:
             return
         self._batch_checked = False
+        self._warn_short_run(trainer)
         num_classes = pl_module.hparams.get("num_classes")
         splits = getattr(trainer.datamodule, "splits", None)
         if not splits or num_classes is None:
@@ -50,6 +55,27 @@ class DataCheck(Callback):
         log_text(trainer, "data_check/class_counts", table)
         for split, index in splits.items():
             self._warn_imbalance(split, index.class_counts())
+
+    def _warn_short_run(self, trainer: L.Trainer) -> None:
+        """A run of a few optimizer steps (a small folder, a large batch, few epochs) ends where it began."""
+        if trainer.fast_dev_run or trainer.sanity_checking:
+            return
+        steps = trainer.estimated_stepping_batches  # also sets num_training_batches
+        if not math.isfinite(steps) or steps >= self.min_steps:
+            return
+        batches, epochs = trainer.num_training_batches, trainer.max_epochs
+        per_epoch = max(1, int(batches) // trainer.accumulate_grad_batches) if math.isfinite(batches) else 0
+        size = getattr(trainer.datamodule, "batch_size", None)
+        how = f" ({int(batches)} batches{f' of {size}' if size else ''} an epoch x {epochs} epochs)"
+        advice = "train longer"
+        if per_epoch and epochs and epochs > 0:
+            how = how if steps == per_epoch * epochs else ""
+            advice = f"train longer (--trainer.max_epochs={math.ceil(self.min_steps / per_epoch)})"
+        rank_zero_warn(
+            f"This run takes only {int(steps)} optimizer steps in all{how}: too few to learn much (a model "
+            f"needs a few hundred; fewer than {self.min_steps} is flagged). Fix: {advice}, a smaller "
+            "--data.batch_size, or start from pretrained weights (--model.weights=DEFAULT)."
+        )
 
     def _warn_imbalance(self, split: str, counts: dict[str, int]) -> None:
         empty = [name for name, n in counts.items() if n == 0]
