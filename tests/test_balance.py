@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.trainer.connectors.data_connector import _get_distributed_sampler
 from torch.utils.data import WeightedRandomSampler
 
 from project.callbacks.data_check import DataCheck
@@ -38,6 +39,18 @@ def test_sampler_draws_every_class_equally_often(imbalanced_root: Path) -> None:
     drawn = Counter(labels[i] for _ in range(100) for i in loader.sampler)  # 4,100 draws
     assert set(drawn) == set(range(6))
     assert all(abs(n / 4100 - 1 / 6) < 0.03 for n in drawn.values()), drawn  # star: 1/41 without
+
+
+def test_under_ddp_each_process_draws_its_share(imbalanced_root: Path) -> None:
+    """Lightning replaces a custom sampler with DistributedSamplerWrapper: half an epoch per process."""
+    data = ImageDataModule(root=str(imbalanced_root), batch_size=8, num_workers=0, balance="sampler")
+    data.setup("fit")
+    loader = data.train_dataloader()
+    shares = [
+        list(_get_distributed_sampler(loader, shuffle=True, overfit_batches=0, num_replicas=2, rank=r))
+        for r in (0, 1)
+    ]
+    assert [len(s) for s in shares] == [21, 21] and all(0 <= i < 41 for s in shares for i in s)
 
 
 def test_loss_weights_are_inverse_class_frequency(imbalanced_root: Path) -> None:
