@@ -40,6 +40,8 @@ from project.trainer import Trainer
 # Subcommands that evaluate a trained model: its classes, image size and data settings come from
 # --ckpt_path (project.checkpoint_values), flags override them; the data's classes are checked against it.
 CHECKPOINT_ONLY = ("validate", "test", "predict", "export")
+# Checkpoint names carry the monitored metric (another --checkpoint.monitor puts its own in the name).
+DEFAULT_FILENAME = "epoch={epoch:03d}-val_acc={val/acc:.4f}"
 # Subcommands that only look at the configured model and data: no checkpoint, no run folder.
 DRY = ("memory",)
 # Subcommands that try training steps on the configured model and data (Lightning's Tuner), then print
@@ -139,7 +141,7 @@ class ProjectCLI(LightningCLI):
                 "checkpoint.mode": "max",
                 "checkpoint.save_top_k": 3,
                 "checkpoint.save_last": True,
-                "checkpoint.filename": "epoch={epoch:03d}-val_acc={val/acc:.4f}",
+                "checkpoint.filename": DEFAULT_FILENAME,
                 "checkpoint.auto_insert_metric_name": False,
                 # a run resumed after a kill redoes the epoch whose checkpoint may already exist: replace
                 # it (atomically) instead of keeping both as `name.ckpt` and `name-v1.ckpt`
@@ -160,7 +162,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(Throughput, "throughput")
         parser.add_lightning_class_args(HParams, "hparams")
         if getattr(self, "_building", None) not in CHECKPOINT_ONLY:
-            for key in ("num_classes", "class_names", "image_size", "task"):
+            for key in ("num_classes", "class_names", "image_size", "task", "class_weights"):
                 parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
 
     @override
@@ -196,6 +198,10 @@ class ProjectCLI(LightningCLI):
         else:
             config.name = eval_run_name(config.name, config.ckpt_path)
             self.save_config_kwargs["config_filename"] = f"{self.subcommand}-config.yaml"
+        monitor = config.checkpoint.monitor
+        if config.checkpoint.filename == DEFAULT_FILENAME and monitor not in (None, "val/acc"):
+            # e.g. val/balanced_acc: epoch=004-val_balanced_acc=0.8123.ckpt
+            config.checkpoint.filename = f"epoch={{epoch:03d}}-{monitor.replace('/', '_')}={{{monitor}:.4f}}"
         if config.checkpoint.dirpath is None:
             config.checkpoint.dirpath = str(CHECKPOINTS / config.name)
         if self.subcommand == "fit" and not debug and os.environ.get("LOCAL_RANK", "0") == "0":

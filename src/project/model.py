@@ -36,9 +36,11 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def classification_metrics(num_classes: int, prefix: str) -> MetricCollection:
-    """Accuracy and macro F1, plus top-5 accuracy when there are more than 5 classes."""
+    """Accuracy, balanced accuracy (the mean of the per-class recalls) and macro F1, plus top-5 accuracy
+    when there are more than 5 classes."""
     metrics = {
         "acc": MulticlassAccuracy(num_classes, average="micro"),
+        "balanced_acc": MulticlassAccuracy(num_classes, average="macro"),
         "f1_macro": MulticlassF1Score(num_classes, average="macro"),
     }
     if num_classes > 5:
@@ -80,6 +82,23 @@ def label_names(model: object, count: int | None = None) -> list[str]:
     return [str(i) for i in range(model.hparams["num_classes"] if count is None else count)]
 
 
+def check_class_weights(class_weights: list[float] | None, num_classes: int, task: str) -> None:
+    """One positive, finite weight per class, for a multiclass model."""
+    if class_weights is None:
+        return
+    if task == "multilabel":
+        raise UserError(
+            "--model.class_weights is for multiclass models; this one is multilabel.",
+            "remove --model.class_weights (and --data.balance) for multi-label data.",
+        )
+    require(
+        len(class_weights) == num_classes and all(math.isfinite(w) and w > 0 for w in class_weights),
+        "model.class_weights",
+        class_weights,
+        f"a list of {num_classes} positive numbers, one per class",
+    )
+
+
 class Normalize(nn.Module):
     """uint8 images in, normalized float out: the one place preprocessing happens, also in exports."""
 
@@ -111,6 +130,7 @@ class ImageClassifier(L.LightningModule):
         scheduler: LRSchedulerCallable | None = WarmupCosineLR,
         scheduler_interval: Literal["step", "epoch"] = "step",
         label_smoothing: float = 0.0,
+        class_weights: list[float] | None = None,
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         channels_last: bool = False,
@@ -139,6 +159,9 @@ class ImageClassifier(L.LightningModule):
             scheduler: Learning-rate schedule; WarmupCosineLR by default, ReduceLROnPlateau on val/loss.
             scheduler_interval: Step the schedule every optimizer step or every epoch.
             label_smoothing: Cross-entropy label smoothing.
+            class_weights: Weight of each class in the training loss, in label order; linked from the
+                data with `--data.balance=loss` (inverse class frequency) and kept in checkpoints.
+                val/loss and test/loss stay the unweighted cross-entropy.
             mean: Per-channel mean in [0, 1] for normalization (ImageNet's by default).
             std: Per-channel standard deviation in [0, 1] for normalization.
             channels_last: Run the network in channels-last memory format (faster on recent GPUs).
@@ -157,6 +180,7 @@ class ImageClassifier(L.LightningModule):
         require(0 <= label_smoothing < 1, "model.label_smoothing", label_smoothing, "a number in [0, 1)")
         require(head_epochs >= 0, "model.head_epochs", head_epochs, "a whole number of epochs, 0 or more")
         require(0 < layer_decay <= 1, "model.layer_decay", layer_decay, "a number in (0, 1]")
+        check_class_weights(class_weights, num_classes, task)
         self.save_hyperparameters()
         self.class_names = class_names
         self.image_size = image_size
@@ -174,6 +198,9 @@ class ImageClassifier(L.LightningModule):
         self.task = task
         self.threshold = threshold
         self.normalize = Normalize(mean, std)
+        # not in the state dict: the weights are a hyper-parameter (checkpoints keep them there)
+        weight = torch.tensor(class_weights, dtype=torch.float) if class_weights is not None else None
+        self.register_buffer("class_weight", weight, persistent=False)
         self.net = build_backbone(backbone, num_classes, weights, image_size)
         if bn_momentum is not None:
             for module in self.net.modules():
@@ -262,16 +289,21 @@ class ImageClassifier(L.LightningModule):
     # ---- steps ----
 
     def loss(
-        self, batch: tuple[torch.Tensor, torch.Tensor], logits: torch.Tensor | None = None
+        self,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        logits: torch.Tensor | None = None,
+        weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss of a batch and its logits (computed unless given): what training, evaluation and
-        `memory` compute."""
+        `memory` compute. Multiclass labels are class indices [N], or class probabilities [N, C]
+        (MixUp/CutMix's soft targets); `weight` weighs the classes (training only)."""
         images, labels = batch
         logits = self(images) if logits is None else logits
         if self.multilabel:
             targets = labels.float() * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
             return F.binary_cross_entropy_with_logits(logits, targets), logits
-        return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing), logits
+        loss = F.cross_entropy(logits, labels, weight=weight, label_smoothing=self.label_smoothing)
+        return loss, logits
 
     def _scores(self, logits: torch.Tensor) -> torch.Tensor:
         """What the metrics see: logits, or for multi-label the probabilities (torchmetrics would guess)."""
@@ -283,8 +315,11 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:  # every image of the batch was skipped as unreadable
             return None
-        loss, logits = self.loss(batch)
-        self.train_metrics.update(self._scores(logits.detach()), batch[1])
+        loss, logits = self.loss(batch, weight=self.class_weight)
+        labels = batch[1]
+        if not self.multilabel and labels.is_floating_point():
+            labels = labels.argmax(dim=1)  # MixUp/CutMix: the dominant class (the larger share) counts
+        self.train_metrics.update(self._scores(logits.detach()), labels)
         self.log("train/loss", loss, prog_bar=True)
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss

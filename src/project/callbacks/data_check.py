@@ -25,11 +25,12 @@ class DataCheck(Callback):
     that is trained on anyway.
     """
 
-    def __init__(self, enabled: bool = True, imbalance_ratio: float = 10.0, min_steps: int = 100) -> None:
+    def __init__(self, enabled: bool = True, imbalance_ratio: float = 3.0, min_steps: int = 100) -> None:
         """
         Args:
             enabled: Check the data before the first training step (`--data_check.enabled=false` skips it).
-            imbalance_ratio: Warn when a split's largest class has this many times the images of its smallest.
+            imbalance_ratio: Warn when a split's largest class has more than this many times the images
+                of its smallest.
             min_steps: Warn when the whole run takes fewer optimizer steps than this (0: never).
         """
         self.enabled = enabled
@@ -53,8 +54,9 @@ class DataCheck(Callback):
         table = class_count_table(splits)
         rank_zero_info(table)
         log_text(trainer, "data_check/class_counts", table)
+        balance = getattr(trainer.datamodule, "balance", "none")
         for split, index in splits.items():
-            self._warn_imbalance(split, index.class_counts())
+            self._warn_imbalance(split, index.class_counts(), balance if split == "train" else None)
 
     def _warn_short_run(self, trainer: L.Trainer) -> None:
         """A run of a few optimizer steps (a small folder, a large batch, few epochs) ends where it began."""
@@ -77,19 +79,31 @@ class DataCheck(Callback):
             "--data.batch_size, or start from pretrained weights (--model.weights=DEFAULT)."
         )
 
-    def _warn_imbalance(self, split: str, counts: dict[str, int]) -> None:
+    def _warn_imbalance(self, split: str, counts: dict[str, int], balance: str | None = None) -> None:
+        """Empty classes, or the largest class > imbalance_ratio x the smallest. `balance`: the train
+        split's --data.balance (None for the other splits)."""
         empty = [name for name, n in counts.items() if n == 0]
         if empty:
             more = f" and {len(empty) - 10} more" if len(empty) > 10 else ""
             rank_zero_warn(f"The {split} split has no images of {len(empty)} class(es): {empty[:10]}{more}.")
             return
         most, least = max(counts, key=counts.get), min(counts, key=counts.get)
-        if counts[most] >= self.imbalance_ratio * counts[least]:
+        if counts[most] <= self.imbalance_ratio * counts[least]:
+            return
+        found = (
+            f"The {split} split is imbalanced: '{most}' has {counts[most]} images, '{least}' "
+            f"{counts[least]} ({counts[most] / counts[least]:.0f}x)."
+        )
+        select = "--checkpoint.monitor=val/balanced_acc keeps the checkpoints that are best on every class"
+        if balance == "none":
             rank_zero_warn(
-                f"The {split} split is imbalanced: '{most}' has {counts[most]} images, '{least}' "
-                f"{counts[least]} ({counts[most] / counts[least]:.0f}x). Accuracy will favour the large "
-                "classes: watch val/f1_macro, and consider a weighted sampler or loss."
+                f"{found} Training will favour the large classes: consider --data.balance=sampler (each "
+                f"class drawn equally often) or --data.balance=loss (class weights in the loss); {select}."
             )
+        elif balance is None:
+            rank_zero_warn(f"{found} val/acc favours the large classes: watch val/balanced_acc; {select}.")
+        else:
+            rank_zero_info(f"{found} Balanced by --data.balance={balance}.")
 
     @override
     def on_train_batch_start(
@@ -203,7 +217,12 @@ def batch_table(images: torch.Tensor, labels: torch.Tensor, num_classes: int | N
     lines = [
         "Data check: first training batch",
         f"  images {list(images.shape)} {images.dtype} on {images.device}",
-        f"  labels {list(labels.shape)} {labels.dtype}, values {int(labels.min())}..{int(labels.max())}"
+        f"  labels {list(labels.shape)} {labels.dtype}, "
+        + (
+            "class probabilities (MixUp/CutMix)"
+            if labels.is_floating_point() and labels.ndim == 2
+            else f"values {int(labels.min())}..{int(labels.max())}"
+        )
         + (f" (num_classes {num_classes})" if num_classes is not None else ""),
         f"  {'channel':>9} {'min':>8} {'max':>8} {'mean':>8}",
     ]

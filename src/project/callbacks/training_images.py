@@ -40,7 +40,12 @@ class TrainingImages(Callback):
         if not self._pending or batch is None:
             return
         self._pending = False
-        images, labels = batch[0][: self.count], batch[1][: self.count].tolist()
-        names = label_names(pl_module, max(labels) + 1)
+        images, labels = batch[0][: self.count], batch[1][: self.count]
+        soft = labels.is_floating_point()  # MixUp/CutMix: caption the dominant class and its share
+        shares, top = labels.max(dim=1) if soft else (None, labels)
+        names = label_names(pl_module, int(top.max()) + 1)
+        captions = [names[y] for y in top.tolist()]
+        if shares is not None:
+            captions = [f"{c} {s:.0%}" for c, s in zip(captions, shares.tolist(), strict=True)]
         title = f"training batch after augmentation ({images.shape[-1]} px, epoch {trainer.current_epoch})"
-        add_image(trainer, "train/images", captioned_grid(images, [names[y] for y in labels], title=title))
+        add_image(trainer, "train/images", captioned_grid(images, captions, title=title))

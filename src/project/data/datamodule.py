@@ -6,6 +6,7 @@ import os
 import warnings
 from functools import cached_property
 from pathlib import Path
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
@@ -15,7 +16,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 # not exported by lightning.pytorch: an internal module, checked against lightning 2.6 (the pin is <2.7)
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.strategies import FSDPStrategy
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, WeightedRandomSampler, default_collate
 from typing_extensions import override
 
 from project.config_checks import fraction, positive_int, require
@@ -26,12 +27,14 @@ from project.data.labels_csv import read_labels_csv
 from project.data.multishapes import generate_multishapes
 from project.data.shapes import generate_shapes
 from project.data.skipped import SkipLog
-from project.data.transforms import AutoAugment, eval_transform, train_transform
+from project.data.transforms import AutoAugment, BatchMix, eval_transform, train_transform
 from project.errors import UserError
 
 EMBEDDED_ROOT = Path("data") / "shapes"
 # the multi-label example (configs/experiments/multilabel.yaml): generated on first use, like the shapes
 EMBEDDED_MULTILABEL_CSV = Path("data") / "multishapes" / "labels.csv"
+
+Balance = Literal["none", "sampler", "loss"]
 
 
 def default_num_workers() -> int:
@@ -64,6 +67,29 @@ def check_data_options(
         positive_int("data.prefetch_factor", prefetch_factor)
 
 
+def check_recipe_options(
+    mixup_alpha: float, cutmix_alpha: float, balance: str, labels_csv: str | None
+) -> None:
+    """MixUp/CutMix alphas are >= 0; both they and balance are for multiclass (class folder) data."""
+    for key, alpha in (("data.mixup_alpha", mixup_alpha), ("data.cutmix_alpha", cutmix_alpha)):
+        require(
+            isinstance(alpha, int | float) and 0 <= alpha < float("inf"),
+            key,
+            alpha,
+            "a number >= 0 (0: off; 0.2 to 1.0 are usual)",
+        )
+    if labels_csv is None:
+        return
+    used = [f"--data.{k}={v}" for k, v in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)) if v]
+    used += [f"--data.balance={balance}"] if balance != "none" else []
+    if used:
+        raise UserError(
+            f"{', '.join(used)}: MixUp, CutMix and balance are for multiclass data (class folders), "
+            f"but --data.labels_csv makes the task multilabel.",
+            "remove those options for multi-label data.",
+        )
+
+
 class ImageDataModule(L.LightningDataModule):
     """Images in ImageFolder layout: `root/{train,val[,test]}/<class>/*`, or `root/<class>/*` + val_split.
 
@@ -82,6 +108,9 @@ class ImageDataModule(L.LightningDataModule):
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         hflip: bool = True,
         auto_augment: AutoAugment = "none",
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        balance: Balance = "none",
         batch_size: int = 64,
         num_workers: int | None = None,
         prefetch_factor: int | None = None,
@@ -103,6 +132,14 @@ class ImageDataModule(L.LightningDataModule):
             ratio: RandomResizedCrop aspect-ratio range for training.
             hflip: Random horizontal flips for training.
             auto_augment: Extra training augmentation: none, trivialaugment or randaugment.
+            mixup_alpha: MixUp training batches (blend pairs of images and their labels) with a weight
+                drawn from Beta(alpha, alpha); 0 is off, 0.2 to 1.0 are usual. Multiclass only.
+            cutmix_alpha: CutMix training batches (paste a patch of one image into another, labels in
+                proportion to the area); 0 is off, 1.0 is usual. With mixup_alpha too, each batch gets
+                one of the two at random.
+            balance: Class imbalance: none; sampler (draw training images with replacement, each class
+                equally often); or loss (weigh each class's cross-entropy by the inverse of its share of
+                the training split). Multiclass only.
             batch_size: Images per batch, per device.
             num_workers: DataLoader worker processes; null means one per CPU core (at most 8).
             prefetch_factor: Batches each worker keeps ready ahead of the training step; null means
@@ -118,6 +155,7 @@ class ImageDataModule(L.LightningDataModule):
                 the augmentation. Refused, with the numbers, when it would take over half the free memory.
         """
         super().__init__()
+        check_recipe_options(mixup_alpha, cutmix_alpha, balance, labels_csv)
         check_data_options(
             val_split, image_size, crop_ratio, scale, ratio, batch_size, num_workers, prefetch_factor
         )
@@ -143,6 +181,10 @@ class ImageDataModule(L.LightningDataModule):
         self.skip_bad_images = skip_bad_images
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
         self.cache = cache
+        self.mixup_alpha = mixup_alpha
+        self.cutmix_alpha = cutmix_alpha
+        self.balance = balance
+        self.batch_mix: BatchMix | None = None  # made at setup, when the number of classes is known
         self.decoded: dict[str, DecodedImages] = {}  # by split, kept across stages of one process
         self.datasets: dict[str, Dataset] = {}
         self.skip_log: SkipLog | None = None
@@ -229,6 +271,15 @@ class ImageDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.splits["train"].class_names)
 
+    @property
+    def class_weights(self) -> list[float] | None:
+        """With balance=loss, each class's weight in the loss: total / (classes x its training images),
+        so that every class weighs as much in total (sklearn's "balanced"); linked to the model."""
+        if self.balance != "loss":
+            return None
+        counts = np.maximum(np.bincount(self.splits["train"].labels, minlength=self.num_classes), 1)
+        return (counts.sum() / (len(counts) * counts)).tolist()
+
     # ---- Lightning hooks ----
 
     @override
@@ -236,6 +287,8 @@ class ImageDataModule(L.LightningDataModule):
         if self.skip_bad_images and self.trainer is not None and self.trainer.log_dir is not None:
             self.skip_log = SkipLog(Path(self.trainer.log_dir))
         if stage == "fit":
+            if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
+                self.batch_mix = BatchMix(self.mixup_alpha, self.cutmix_alpha, self.num_classes)
             self.datasets["train"] = self._labelled("train", self.train_transform)
             self.datasets["val"] = self._labelled("val", self.eval_transform)
         elif stage == "validate":
@@ -313,7 +366,7 @@ class ImageDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.datasets["train"], shuffle=True)
+        return self._loader(self.datasets["train"], train=True)
 
     @override
     def val_dataloader(self) -> DataLoader:
@@ -327,11 +380,30 @@ class ImageDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.datasets["predict"])
 
-    def _loader(self, dataset: Dataset, shuffle: bool = False) -> DataLoader:
+    @override
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """MixUp/CutMix training batches on the device (evaluation and prediction see real images)."""
+        if self.batch_mix is None or batch is None or self.trainer is None or not self.trainer.training:
+            return batch
+        images, labels = batch
+        return self.batch_mix(images, labels)
+
+    def _balanced_sampler(self, dataset: Dataset) -> Sampler:
+        """Each training image drawn with probability 1 / (its class's count): every class equally often.
+
+        Under DDP Lightning wraps it (DistributedSamplerWrapper): each process draws its own sample of
+        the same size and keeps its share, so an epoch is still len(train) images across processes.
+        """
+        labels = self.splits["train"].labels
+        counts = np.bincount(labels, minlength=self.num_classes)
+        weights = torch.as_tensor(1.0 / counts[labels], dtype=torch.double)
+        return WeightedRandomSampler(weights, num_samples=len(dataset), replacement=True)
+
+    def _loader(self, dataset: Dataset, train: bool = False) -> DataLoader:
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        sampler = None
+        sampler = self._balanced_sampler(dataset) if train and self.balance == "sampler" else None
         if (
-            not shuffle
+            not train
             and self.trainer is not None
             and self.trainer.world_size > 1
             and not isinstance(self.trainer.strategy, FSDPStrategy)  # every FSDP forward is collective
@@ -342,9 +414,9 @@ class ImageDataModule(L.LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
+            shuffle=train and sampler is None,
             sampler=sampler,
-            drop_last=shuffle and len(dataset) > self.batch_size,  # no 1-image batch for BatchNorm
+            drop_last=train and len(dataset) > self.batch_size,  # no 1-image batch for BatchNorm
             num_workers=self.num_workers,
             pin_memory=on_gpu,
             persistent_workers=self.num_workers > 0,

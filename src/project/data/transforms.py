@@ -33,3 +33,31 @@ def train_transform(
 def eval_transform(image_size: int, crop_ratio: float = 0.875) -> v2.Compose:
     """Resize the short side to `image_size / crop_ratio`, then centre-crop `image_size`."""
     return v2.Compose([v2.Resize(round(image_size / crop_ratio), antialias=True), v2.CenterCrop(image_size)])
+
+
+class BatchMix(torch.nn.Module):
+    """MixUp and/or CutMix of a training batch (one of the two, at random, per batch when both are on).
+
+    uint8 images [N, 3, H, W] and class indices [N] in; uint8 images and class probabilities [N, C]
+    (soft targets that sum to 1) out. Mixing happens in float and is rounded back to uint8, so the
+    model, its normalization and the monitoring callbacks see the usual uint8 batch.
+    """
+
+    def __init__(self, mixup_alpha: float, cutmix_alpha: float, num_classes: int) -> None:
+        """
+        Args:
+            mixup_alpha: MixUp's Beta(alpha, alpha) for the mixing weight; 0 turns MixUp off.
+            cutmix_alpha: CutMix's Beta(alpha, alpha) for the pasted area; 0 turns CutMix off.
+            num_classes: Number of classes of the soft targets.
+        """
+        super().__init__()
+        steps: list[torch.nn.Module] = []
+        if mixup_alpha > 0:
+            steps.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_classes))
+        if cutmix_alpha > 0:
+            steps.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes))
+        self.mix = steps[0] if len(steps) == 1 else v2.RandomChoice(steps)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mixed, targets = self.mix(images.float(), labels)
+        return mixed.round_().clamp_(0, 255).to(images.dtype), targets
