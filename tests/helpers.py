@@ -16,6 +16,15 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from project.cli import main
 
+# Training, `validate`, `test` and `predict` decode with torchvision (JPEG) or Pillow and resize uint8
+# tensors with torchvision; `infer` and `serve` must stay torch-free, so they decode and resize with
+# Pillow only. The two paths may differ by a level or two on some pixels: libjpeg-turbo's IDCT and
+# chroma upsampling as torchvision and Pillow call it, and the rounding of the antialiased bilinear
+# resize. Measured on the consistency models and images: at most 1e-4 (docs/consistency.md); JPEG photographs
+# reach about 1e-3. A wrong step (16-bit values clipped instead of scaled, a missed EXIF rotation,
+# alpha or palette handled differently, another resize) moves probabilities by 1e-2 or more.
+DECODER_BOUND = 2e-3
+
 
 def fast_args(root: Path, *extra: str) -> list[str]:
     """Flags for a fit that takes a few seconds on CPU."""

@@ -65,9 +65,9 @@ def test_class_weights_weigh_the_training_loss_only() -> None:
     model = ImageClassifier(num_classes=3, backbone="resnet18", class_weights=weights).eval()
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
     labels = torch.tensor([0, 1, 2, 2])
-    loss, logits = model._loss((images, labels), model.class_weight)
+    loss, logits = model.loss((images, labels), weight=model.class_weight)
     assert torch.allclose(loss, F.cross_entropy(logits, labels, weight=torch.tensor(weights)))
-    plain, _ = model._loss((images, labels))  # what validation and test report
+    plain, _ = model.loss((images, labels))  # what validation and test report
     assert torch.allclose(plain, F.cross_entropy(logits, labels))
     assert "class_weight" not in model.state_dict()  # a hyper-parameter, not a tensor of the checkpoint
 

@@ -37,19 +37,11 @@ from project.data.shapes import CLASSES, draw_shape
 from project.data.transforms import eval_transform
 from project.export import load_for_export
 from project.infer import main as infer_main
-from tests.helpers import fast_args, run_cli
+from tests.helpers import DECODER_BOUND, fast_args, run_cli
 from tests.test_serve import SRC, Server, predict
 
 pytestmark = pytest.mark.slow
 
-# Training, `validate`, `test` and `predict` decode with torchvision (JPEG) or Pillow and resize uint8
-# tensors with torchvision; `infer` and `serve` must stay torch-free, so they decode and resize with
-# Pillow only. The two paths may differ by a level or two on some pixels: libjpeg-turbo's IDCT and
-# chroma upsampling as torchvision and Pillow call it, and the rounding of the antialiased bilinear
-# resize. Measured on these models and images: at most 1e-4 (docs/consistency.md); JPEG photographs
-# reach about 1e-3. A wrong step (16-bit values clipped instead of scaled, a missed EXIF rotation,
-# alpha or palette handled differently, another resize) moves probabilities by 1e-2 or more.
-DECODER_BOUND = 2e-3
 # The same preprocessing on both sides (PyTorch in this process vs `predict`, `infer` vs `serve`, an
 # export of the saved vs of the GPU-tagged checkpoint): only float rounding and the CSVs' 6 decimals.
 SAME_PATH_BOUND = 1e-5

@@ -14,7 +14,7 @@ import project
 def project_modules() -> list:
     """Every module of the package that imports without optional extras (serve, audit, sweep need none)."""
     modules = []
-    for info in pkgutil.walk_packages(project.__path__, "project."):
+    for info in pkgutil.walk_packages(project.__path__, f"{project.__name__}."):
         if info.name.endswith("__main__"):
             continue
         modules.append(importlib.import_module(info.name))

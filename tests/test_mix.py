@@ -80,8 +80,8 @@ def test_soft_one_hot_targets_give_the_hard_loss() -> None:
     model = ImageClassifier(num_classes=3, backbone="resnet18", label_smoothing=0.1).eval()
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
     labels = torch.tensor([0, 1, 2, 0])
-    hard, _ = model._loss((images, labels))
-    soft, _ = model._loss((images, torch.nn.functional.one_hot(labels, 3).float()))
+    hard, _ = model.loss((images, labels))
+    soft, _ = model.loss((images, torch.nn.functional.one_hot(labels, 3).float()))
     assert torch.allclose(hard, soft, atol=1e-6)
 
 

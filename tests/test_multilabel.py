@@ -19,7 +19,7 @@ from project.data.multishapes import generate_multishapes
 from project.data.shapes import CLASSES
 from project.errors import UserError
 from project.model import ImageClassifier
-from tests.helpers import fast_args, run_cli, write_image
+from tests.helpers import DECODER_BOUND, fast_args, run_cli, write_image
 from tests.test_cli import scalar_tags
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "multilabel.yaml"
@@ -174,7 +174,9 @@ def test_the_multilabel_config_trains_logs_per_label_metrics_predicts_and_export
     infer(["--model", str(run / "latest.onnx"), "--output", str(inferred), str(multishapes / "val")])
     with open(inferred, newline="") as f:
         by_infer = {Path(r["file"]).name: r for r in csv.DictReader(f)}
-    for row in rows:  # the exported model, torch-free, agrees with predict
+    for row in rows:  # the exported model, torch-free (Pillow's resize), agrees with predict (torchvision's)
         other = by_infer[row["file"]]
         for name in CLASSES:
-            assert abs(float(other[f"probability_{name}"]) - float(row[f"probability_{name}"])) < 1e-3
+            assert (
+                abs(float(other[f"probability_{name}"]) - float(row[f"probability_{name}"])) <= DECODER_BOUND
+            )

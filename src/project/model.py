@@ -269,12 +269,13 @@ class ImageClassifier(L.LightningModule):
         """From random weights, BatchNorm's running statistics start as the plain mean over the batches
         seen (momentum 1/n) until that falls below the layer's own momentum: the initial mean 0 and
         variance 1 describe no data, and kept at a weight of (1 - momentum)^steps they leave a short
-        run's evaluation (which uses these statistics) giving every image the same answer."""
+        run's evaluation (which uses these statistics) giving every image the same answer. The count is
+        the layer's own `num_batches_tracked` (saved in checkpoints, restored with the statistics when a
+        non-finite step is skipped), so a resumed or a skipped step keeps the same mean."""
         if self.hparams.weights is not None:
             return  # pretrained statistics describe real images: kept, as the layer's momentum keeps them
-        seen = self.trainer.fit_loop.total_batch_idx + 1
         for module, momentum in self._bn_momenta():
-            module.momentum = max(momentum, 1 / seen)
+            module.momentum = max(momentum, 1 / (int(module.num_batches_tracked) + 1))
 
     def _bn_momenta(self) -> list[tuple[nn.Module, float]]:
         """Each BatchNorm layer with a momentum, and that momentum as configured."""
@@ -282,7 +283,9 @@ class ImageClassifier(L.LightningModule):
             self._bn_configured = [
                 (m, m.momentum)
                 for m in self.net.modules()
-                if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is not None
+                if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                and m.momentum is not None
+                and m.num_batches_tracked is not None
             ]
         return self._bn_configured
 
