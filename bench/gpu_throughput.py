@@ -1,4 +1,4 @@
-"""Training images/s on one GPU: fp32 eager against configs/trainer/gpu_fast.yaml, resnet50 at 224 px.
+"""Training images/s on one GPU: fp32 eager against configs/presets/gpu_fast.yaml, resnet50 at 224 px.
 
     python bench/gpu_throughput.py [--out results.json] [--batch 128] [--steps 60] [--photos 2000]
     python bench/gpu_throughput.py --smoke      # the same code on the CPU, tiny: checks the script
@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 from project.data.datamodule import ImageDataModule, default_num_workers
 from project.model import ImageClassifier
 
-GPU_FAST = Path(__file__).resolve().parents[1] / "configs" / "trainer" / "gpu_fast.yaml"
+GPU_FAST = Path(__file__).resolve().parents[1] / "configs" / "presets" / "gpu_fast.yaml"
 # the fp32 eager side: the template's defaults for every key the fragment sets
 FP32_EAGER = {
     "trainer": {"precision": "32-true", "benchmark": False},

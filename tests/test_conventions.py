@@ -109,3 +109,33 @@ def test_conftest_holds_only_fixtures() -> None:
         p.name for p in tests.glob("*.py") if re.search(r"^from tests\.conftest import", p.read_text(), re.M)
     ]
     assert importing == []
+
+
+def test_every_callback_is_registered_in_the_one_table() -> None:
+    """Each callback of project.callbacks is a row of cli.CALLBACKS (with flags) or cli.BUILT_IN, and no
+    config lists one of them in trainer.callbacks (that list is for a run's extras only)."""
+    import yaml
+    from lightning.pytorch import Callback
+
+    from project import callbacks, cli
+
+    registered = {c for c, _ in cli.CALLBACKS.values()} | set(cli.BUILT_IN)
+    # SweepTrial: added by `sweep` to its trials with --trainer.callbacks+=; AtomicSaveConfig: LightningCLI's
+    # save_config_callback, which the CLI itself adds
+    extras = {"SweepTrial", "AtomicSaveConfig"}
+    ours = {
+        obj
+        for info in pkgutil.iter_modules(callbacks.__path__, f"{callbacks.__name__}.")
+        for obj in vars(importlib.import_module(info.name)).values()
+        if inspect.isclass(obj) and issubclass(obj, Callback) and obj.__module__ == info.name
+    }
+    assert {c.__name__ for c in ours - registered} == extras
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    names = {c.__name__ for c in registered}
+    repeated = [
+        f"{path.relative_to(configs)}: {entry['class_path']}"
+        for path in configs.rglob("*.yaml")
+        for entry in ((yaml.safe_load(path.read_text()) or {}).get("trainer") or {}).get("callbacks") or []
+        if isinstance(entry, dict) and entry.get("class_path", "").rsplit(".", 1)[-1] in names
+    ]
+    assert repeated == []

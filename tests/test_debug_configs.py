@@ -1,4 +1,4 @@
-"""The debugging presets in configs/trainer/ do what their comments promise, and seeded runs repeat."""
+"""The debugging presets in configs/presets/ do what their comments promise, and seeded runs repeat."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from project import runs
 from project.errors import UserError
 from tests.helpers import fast_args, run_cli
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "trainer"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "presets"
 
 
 def preset(name: str, root: Path, *extra: str) -> list[str]:
-    """`--config configs/trainer/<name>.yaml` plus the fast flags, minus those the preset sets itself."""
+    """`--config configs/presets/<name>.yaml` plus the fast flags, minus those the preset sets itself."""
     own = ("--trainer.max_epochs", "--model.scheduler")
     flags = [f for f in fast_args(root) if not f.startswith(own)]
     return ["--config", str(CONFIGS / f"{name}.yaml"), *flags, *extra]
@@ -82,3 +82,12 @@ def test_debug_writes_nothing_and_is_never_resumed(workdir: Path, shapes_root: P
     assert [p for p in workdir.rglob("*") if p.is_file()] == []
     with pytest.raises(UserError, match="there is no run to resume"):
         runs.fit_run_name(None, "last")  # `--ckpt_path last` never picks a debug run
+
+
+def test_early_stopping_adds_its_callback_and_keeps_the_templates(workdir: Path, shapes_root: Path) -> None:
+    """A preset's trainer.callbacks adds to the template's callbacks (cli.CALLBACKS), never replaces them."""
+    assert run_cli("fit", *preset("early_stopping", shapes_root, "--name=e", "--trainer.max_epochs=1")) == 0
+    checkpoint = torch.load(workdir / "checkpoints" / "e" / "last.ckpt", weights_only=True)
+    kept = {key.split("{")[0] for key in checkpoint["callbacks"]}
+    assert {"EarlyStopping", "ModelCheckpoint", "RNGState"} <= kept, kept
+    assert len(scalars(workdir / "logs" / "e", "lr-AdamW/pg1")) == 3  # the learning-rate monitor, every step

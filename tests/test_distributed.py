@@ -18,7 +18,7 @@ import yaml
 from tests.helpers import fast_args, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-DDP = ["--config", str(ROOT / "configs" / "trainer" / "ddp.yaml"), "--trainer.accelerator=cpu"]
+DDP = ["--config", str(ROOT / "configs" / "presets" / "ddp.yaml"), "--trainer.accelerator=cpu"]
 
 
 def project(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
@@ -156,7 +156,7 @@ def test_fsdp_config_builds_the_strategy() -> None:
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     from torchvision.models.vision_transformer import EncoderBlock
 
-    config = yaml.safe_load((ROOT / "configs" / "trainer" / "fsdp.yaml").read_text())["trainer"]
+    config = yaml.safe_load((ROOT / "configs" / "presets" / "fsdp.yaml").read_text())["trainer"]
     parser = ArgumentParser()
     parser.add_argument("--strategy", type=Strategy)
     strategy = parser.instantiate_classes(parser.parse_object({"strategy": config["strategy"]})).strategy
@@ -168,7 +168,7 @@ def test_fsdp_config_builds_the_strategy() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FSDP needs CUDA GPUs: Lightning refuses it on CPU")
 def test_fsdp_fit_on_gpus(tmp_path: Path, shapes_root: Path) -> None:
-    fsdp = ["--config", str(ROOT / "configs" / "trainer" / "fsdp.yaml")]
+    fsdp = ["--config", str(ROOT / "configs" / "presets" / "fsdp.yaml")]
     args = fast_args(shapes_root, "--name=fsdp", "--model.backbone=vit_b_16", "--data.image_size=224")
     result = project(tmp_path, "fit", *fsdp, *args)
     assert result.returncode == 0, result.stderr[-3000:]

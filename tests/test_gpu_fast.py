@@ -1,4 +1,4 @@
-"""configs/trainer/gpu_fast.yaml: what it turns on, that a compiled run checkpoints and exports cleanly,
+"""configs/presets/gpu_fast.yaml: what it turns on, that a compiled run checkpoints and exports cleanly,
 and that channels-last + torch.compile compute what eager does."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from project.model import ImageClassifier
 from project.trainer import Trainer
 from tests.helpers import fast_args, run_cli
 
-GPU_FAST = Path(__file__).resolve().parents[1] / "configs" / "trainer" / "gpu_fast.yaml"
+GPU_FAST = Path(__file__).resolve().parents[1] / "configs" / "presets" / "gpu_fast.yaml"
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
@@ -48,6 +48,44 @@ DRY = ("memory",)
 # the flag to pass to fit: no checkpoint; lr_find leaves its plot in logs/<name>/.
 FINDERS = ("lr_find", "batch_size_find")
 
+# Every callback of the template, in one table: flag group -> (class, defaults). Each is on in every
+# command, with its arguments as flags and YAML keys (`--ema.decay`, `ema: {decay: ...}`); those with
+# an `enabled` argument can be switched off. A new callback is one line here (docs/new-task.md).
+# `trainer.callbacks` in a config or `--trainer.callbacks+=CLASS` is left for a run's extras (e.g.
+# configs/presets/early_stopping.yaml), so adding one never repeats these.
+CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
+    "checkpoint": (
+        ModelCheckpoint,
+        {
+            "monitor": "val/acc",
+            "mode": "max",
+            "save_top_k": 3,
+            "save_last": True,
+            "filename": DEFAULT_FILENAME,
+            "auto_insert_metric_name": False,
+            # a run resumed after a kill redoes the epoch whose checkpoint may already exist: replace
+            # it (atomically) instead of keeping both as `name.ckpt` and `name-v1.ckpt`
+            "enable_version_counter": False,
+        },
+    ),
+    "lr_monitor": (LearningRateMonitor, {"logging_interval": "step"}),
+    # off unless --ema.decay: validation, checkpoints and the export get the averaged weights
+    "ema": (EMA, {}),
+    "predictions": (PredictionWriter, {}),
+    "export_best": (ExportBest, {}),
+    "data_check": (DataCheck, {}),
+    "non_finite": (NonFiniteGuard, {}),
+    "grad_norm": (GradNormMonitor, {}),
+    # monitoring: what TensorBoard shows besides the scalars
+    "training_images": (TrainingImages, {}),
+    "confusion_matrix": (ConfusionMatrix, {}),
+    "misclassified": (Misclassified, {}),
+    "throughput": (Throughput, {}),
+    "hparams": (HParams, {}),
+}
+# Always on, without flags: the exact-resume RNG state and the clean stop on Ctrl-C/SIGTERM.
+BUILT_IN: tuple[type[Callback], ...] = (RNGState, GracefulStop)
+
 
 class ProjectCLI(LightningCLI):
     """fit, validate, test, predict, export and memory, each starting from configs/default.yaml."""
@@ -79,7 +117,7 @@ class ProjectCLI(LightningCLI):
             },
             save_config_callback=AtomicSaveConfig,
             save_config_kwargs={"overwrite": True},
-            trainer_defaults={"callbacks": [RNGState(), GracefulStop()]},
+            trainer_defaults={"callbacks": [callback() for callback in BUILT_IN]},
             auto_configure_optimizers=False,
             **kwargs,
         )
@@ -134,33 +172,9 @@ class ProjectCLI(LightningCLI):
             help="Run name: logs/<name> and checkpoints/<name>. Default: a new time stamp; "
             "with --ckpt_path last, the newest run.",
         )
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val/acc",
-                "checkpoint.mode": "max",
-                "checkpoint.save_top_k": 3,
-                "checkpoint.save_last": True,
-                "checkpoint.filename": DEFAULT_FILENAME,
-                "checkpoint.auto_insert_metric_name": False,
-                # a run resumed after a kill redoes the epoch whose checkpoint may already exist: replace
-                # it (atomically) instead of keeping both as `name.ckpt` and `name-v1.ckpt`
-                "checkpoint.enable_version_counter": False,
-            }
-        )
-        # off unless --ema.decay: validation, checkpoints and the export get the averaged weights
-        parser.add_lightning_class_args(EMA, "ema")
-        parser.add_lightning_class_args(PredictionWriter, "predictions")
-        parser.add_lightning_class_args(ExportBest, "export_best")
-        parser.add_lightning_class_args(DataCheck, "data_check")
-        parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
-        parser.add_lightning_class_args(GradNormMonitor, "grad_norm")
-        # monitoring: what TensorBoard shows besides the scalars (each with an `enabled` switch)
-        parser.add_lightning_class_args(TrainingImages, "training_images")
-        parser.add_lightning_class_args(ConfusionMatrix, "confusion_matrix")
-        parser.add_lightning_class_args(Misclassified, "misclassified")
-        parser.add_lightning_class_args(Throughput, "throughput")
-        parser.add_lightning_class_args(HParams, "hparams")
+        for group, (callback, defaults) in CALLBACKS.items():
+            parser.add_lightning_class_args(callback, group)
+            parser.set_defaults({f"{group}.{key}": value for key, value in defaults.items()})
         if getattr(self, "_building", None) not in CHECKPOINT_ONLY:
             for key in ("num_classes", "class_names", "image_size", "task", "class_weights"):
                 parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
