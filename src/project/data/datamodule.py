@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,8 +22,9 @@ from typing_extensions import override
 from project.config_checks import fraction, positive_int, require
 from project.data.cache import DecodedImages, decode_all
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
-from project.data.index import ImageIndex, list_images, scan_folder, stratified_split
-from project.data.labels_csv import read_labels_csv
+from project.data.folders import folder_splits
+from project.data.index import ImageIndex, hold_out, list_images
+from project.data.labels_csv import csv_splits
 from project.data.multishapes import generate_multishapes
 from project.data.shapes import generate_shapes
 from project.data.skipped import SkipLog
@@ -194,53 +195,18 @@ class ImageDataModule(L.LightningDataModule):
     @cached_property
     def splits(self) -> dict[str, ImageIndex]:
         """The labelled indices by split name: train, val and, when present, test."""
-        if self.embedded:
+        if self.embedded:  # the demo data sets are generated on first use
             generate_shapes(self.root)
-        if self.labels_csv is not None:
-            splits = self._csv_splits()
-        elif (self.root / "train").is_dir():
-            train = scan_folder(self.root / "train")
-            names = list(train.class_names)
-            if (self.root / "val").is_dir():
-                splits = {"train": train, "val": scan_folder(self.root / "val", names)}
-            else:
-                splits = self._split(train, f"'{self.root}' has train/ but no val/ folder.")
-            if (self.root / "test").is_dir():
-                splits["test"] = scan_folder(self.root / "test", names)
-        else:
-            everything = scan_folder(self.root)
-            splits = self._split(everything, f"'{self.root}' has no train/ and val/ folders.")
-        self._check_num_classes(splits["train"].class_names)
-        return splits
-
-    def _csv_splits(self) -> dict[str, ImageIndex]:
         if self.labels_csv == EMBEDDED_MULTILABEL_CSV:
             generate_multishapes(EMBEDDED_MULTILABEL_CSV.parent)
-        index, split = read_labels_csv(self.labels_csv, self.root, self.label_delimiter)
-        if split is None:
-            return self._split(
-                index, f"'{self.labels_csv}' has no split column.", "a split column (train/val)"
-            )
-        splits = {name: index.subset(np.flatnonzero(split == name)) for name in ("train", "val", "test")}
-        if not len(splits["train"]) or not len(splits["val"]):
-            raise UserError(
-                f"'{self.labels_csv}' needs rows with split train and with split val.",
-                "mark some rows val (or drop the split column and use --data.val_split=0.1).",
-            )
-        return {name: part for name, part in splits.items() if len(part)}
-
-    def _split(
-        self, index: ImageIndex, problem: str, instead: str = "a val/ folder with the same class folders"
-    ) -> dict[str, ImageIndex]:
-        if self.val_split is None:
-            raise UserError(
-                problem,
-                f"add {instead}, or hold out a seeded, stratified fraction with --data.val_split=0.1.",
-            )
-        # multi-label rows have no one class to stratify by: one stratum, a seeded random split
-        strata = index.labels if index.labels.ndim == 1 else np.zeros(len(index), dtype=np.int64)
-        train, val = stratified_split(strata, self.val_split, self.split_seed)
-        return {"train": index.subset(train), "val": index.subset(val)}
+        # each data format is one function returning the splits (docs/new-task.md, "Another data format")
+        hold = partial(hold_out, fraction=self.val_split, seed=self.split_seed)
+        if self.labels_csv is not None:
+            splits = csv_splits(self.labels_csv, self.root, self.label_delimiter, hold)
+        else:
+            splits = folder_splits(self.root, hold)
+        self._check_num_classes(splits["train"].class_names)
+        return splits
 
     def _check_num_classes(self, found: tuple[str, ...]) -> None:
         if len(found) < 2 and self.labels_csv is None:  # softmax over one class: nothing to learn

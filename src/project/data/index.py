@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,3 +168,23 @@ def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np
         val.append(members[:n_val])
         train.append(members[n_val:])
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
+
+
+# The one interface of a data format (project.data.folders, project.data.labels_csv): labelled splits by
+# name, "train" and "val" and, when the data has one, "test".
+Splits = dict[str, ImageIndex]
+# How a format without a val split gets one: hold(index, problem, instead) -> Splits (see hold_out).
+HoldOut = Callable[[ImageIndex, str, str], Splits]
+
+
+def hold_out(index: ImageIndex, problem: str, instead: str, *, fraction: float | None, seed: int) -> Splits:
+    """Hold out a seeded, stratified `fraction` of `index` as val (--data.val_split); without a fraction, the
+    data has no val split: a UserError saying `problem` and offering `instead` or --data.val_split."""
+    if fraction is None:
+        raise UserError(
+            problem, f"add {instead}, or hold out a seeded, stratified fraction with --data.val_split=0.1."
+        )
+    # multi-label rows have no one class to stratify by: one stratum, a seeded random split
+    strata = index.labels if index.labels.ndim == 1 else np.zeros(len(index), dtype=np.int64)
+    train, val = stratified_split(strata, fraction, seed)
+    return {"train": index.subset(train), "val": index.subset(val)}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from project.data.index import ImageIndex
+from project.data.index import HoldOut, ImageIndex, Splits
 from project.errors import UserError
 
 SPLITS = ("train", "val", "test")
@@ -80,3 +80,17 @@ def read_labels_csv(path: Path, base: Path, delimiter: str = " ") -> tuple[Image
             "set every row's split to train, val or test (or drop the column and use --data.val_split).",
         )
     return index, splits
+
+
+def csv_splits(path: Path, base: Path, delimiter: str, hold: HoldOut) -> Splits:
+    """The labelled splits of a labels CSV: by its split column, or from `hold` when it has none."""
+    index, split = read_labels_csv(path, base, delimiter)
+    if split is None:
+        return hold(index, f"'{path}' has no split column.", "a split column (train/val)")
+    splits = {name: index.subset(np.flatnonzero(split == name)) for name in SPLITS}
+    if not len(splits["train"]) or not len(splits["val"]):
+        raise UserError(
+            f"'{path}' needs rows with split train and with split val.",
+            "mark some rows val (or drop the split column and use --data.val_split=0.1).",
+        )
+    return {name: part for name, part in splits.items() if len(part)}
