@@ -35,8 +35,8 @@ from project.data.decode import load_rgb
 from project.data.multishapes import generate_multishapes
 from project.data.shapes import CLASSES, draw_shape
 from project.data.transforms import eval_transform
+from project.deploy.infer import main as infer_main
 from project.export import load_for_export
-from project.infer import main as infer_main
 from tests.helpers import DECODER_BOUND, fast_args, run_cli
 from tests.test_serve import SRC, Server, predict
 

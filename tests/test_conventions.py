@@ -71,7 +71,7 @@ def test_the_task_is_read_in_one_place_and_class_names_fall_back_in_one() -> Non
         for i, line in enumerate(path.read_text().splitlines()):
             if task.search(line) or fallback.search(line):
                 copies.append(f"{path.relative_to(package).as_posix()}:{i + 1}")
-    assert {c.split(":")[0] for c in copies} == {"infer.py", "model.py"}, copies
+    assert {c.split(":")[0] for c in copies} == {"deploy/infer.py", "model.py"}, copies
 
 
 def test_label_names_fall_back_to_label_numbers() -> None:
@@ -139,3 +139,23 @@ def test_every_callback_is_registered_in_the_one_table() -> None:
         if isinstance(entry, dict) and entry.get("class_path", "").rsplit(".", 1)[-1] in names
     ]
     assert repeated == []
+
+
+def test_the_deployment_side_imports_neither_torch_nor_lightning() -> None:
+    """Every module under project.deploy (infer, serve, the predictions CSV, calibration) runs an export
+    with onnxruntime, numpy and Pillow: importing them all loads no torch and no lightning."""
+    import subprocess
+    import sys
+
+    from project import deploy
+
+    names = [info.name for info in pkgutil.walk_packages(deploy.__path__, f"{deploy.__name__}.")]
+    assert len(names) >= 10, names  # infer, prediction_csv, calibration and the serve modules
+    probe = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted({'torch', 'lightning', 'torchvision'} & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout

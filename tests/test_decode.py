@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 from project.data.decode import MAX_ASPECT_RATIO, BadImageError, _libjpeg_turbo, load_rgb, read_rgb
-from project.infer import Classifier
-from project.serve import bodies
+from project.deploy.infer import Classifier
+from project.deploy.serve import bodies
 from tests.helpers import write_image
 from tests.test_serve import tiny_export
 

@@ -171,7 +171,7 @@ def test_a_compiled_models_checkpoint_loads_into_a_plain_model() -> None:
 
 
 def test_infer_errors_are_one_message(trained: Path, tmp_path: Path, capsys) -> None:
-    from project.infer import main
+    from project.deploy.infer import main
 
     with pytest.raises(SystemExit, match=r"error: Need the model and its sidecar: '.*nope.onnx'"):
         main(["--model", str(tmp_path / "nope.onnx"), str(tmp_path)])

@@ -168,7 +168,7 @@ def test_the_multilabel_config_trains_logs_per_label_metrics_predicts_and_export
     sidecar = json.loads((run / "latest.json").read_text())
     assert sidecar["task"] == "multilabel" and sidecar["threshold"] == 0.5
     assert "sigmoid" in sidecar["output"]["meaning"]
-    from project.infer import main as infer
+    from project.deploy.infer import main as infer
 
     inferred = tmp_path / "infer.csv"
     infer(["--model", str(run / "latest.onnx"), "--output", str(inferred), str(multishapes / "val")])

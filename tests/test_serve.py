@@ -32,10 +32,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
-from project.infer import Classifier
-from project.serve.app import Prepared, run_batch
-from project.serve.batching import Batcher
-from project.serve.command import main as serve_main
+from project.deploy.infer import Classifier
+from project.deploy.serve.app import Prepared, run_batch
+from project.deploy.serve.batching import Batcher
+from project.deploy.serve.command import main as serve_main
 
 CLASSES = ["red", "green", "blue", "dark"]
 SRC = str(Path(__file__).parents[1] / "src")  # the code under test, also where it is not installed
@@ -605,7 +605,7 @@ def test_batcher_fills_batches_up_to_the_size_and_waits_only_for_announced_items
 
 
 def test_a_batch_that_spans_a_reload_runs_each_request_on_its_own_model(exports: Path) -> None:
-    from project.serve.models import load_model
+    from project.deploy.serve.models import load_model
 
     old, new = load_model(exports / "run-a.onnx"), load_model(exports / "run-b.onnx")
     arrays = np.random.default_rng(0).integers(0, 256, (3, 3, SIZE, SIZE), dtype=np.uint8)
@@ -718,7 +718,7 @@ def test_reload_needs_the_token_and_runs_one_at_a_time(
 FREED_BODIES = """
 import sys, threading
 from pathlib import Path
-from project.serve.memory import return_freed_bodies, trim
+from project.deploy.serve.memory import return_freed_bodies, trim
 
 def rss_mb():
     status = Path("/proc/self/status").read_text().splitlines()
@@ -762,7 +762,7 @@ def test_memory_of_a_burst_of_large_bodies_goes_back_to_the_system() -> None:
 
 CAP = """
 import resource
-from project.serve.command import connection_cap
+from project.deploy.serve.command import connection_cap
 print(connection_cap(1000), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 """
 
@@ -786,7 +786,7 @@ def test_connection_cap_fits_the_open_file_limit(soft: int, hard: int, expected:
 
 def test_sampler_queue_holds_at_most_its_bytes(tmp_path: Path) -> None:
     """Images waiting for a slow disk are bounded in bytes, not only in count: the rest are skipped."""
-    from project.serve.sampler import Sampler
+    from project.deploy.serve.sampler import Sampler
 
     sampler = Sampler(tmp_path, 1.0, 10**9, queue_size=64, max_queued_bytes=3 * 2**20)
     disk = threading.Event()

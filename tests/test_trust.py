@@ -12,13 +12,13 @@ import torch
 from PIL import Image
 
 from project import calibrate, calibration
-from project.calibration import Calibration
 from project.data.shapes import CLASSES, draw_shape
-from project.infer import Classifier
-from project.infer import main as infer_main
+from project.deploy.calibration import Calibration
+from project.deploy.infer import Classifier
+from project.deploy.infer import main as infer_main
+from project.deploy.serve.app import Prepared, answer, run_batch
+from project.deploy.serve.models import load_model
 from project.report import write_reliability
-from project.serve.app import Prepared, answer, run_batch
-from project.serve.models import load_model
 from tests.helpers import fast_args, run_cli
 
 CALIBRATION_KEYS = {

@@ -10,8 +10,8 @@ from importlib import import_module
 
 # command -> module whose main(argv) runs it; everything else is a LightningCLI subcommand (project.cli)
 COMMANDS = {
-    "infer": "project.infer",
-    "serve": "project.serve.command",
+    "infer": "project.deploy.infer",
+    "serve": "project.deploy.serve.command",
     "report": "project.report",
     "doctor": "project.doctor",
     "new": "project.new",

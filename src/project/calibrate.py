@@ -4,7 +4,7 @@ The temperature T minimizes the negative log-likelihood of softmax(logits / T) o
 images (LBFGS on log T, so T stays positive); the expected calibration error (torchmetrics,
 15 equal-width bins) is measured before and after. The unknown threshold is the score that the
 share `accept` of the validation images reaches. What comes out goes into the sidecar, and
-`project.calibration` applies it identically in predict, infer and serve.
+`project.deploy.calibration` applies it identically in predict, infer and serve.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 from torchmetrics.classification import MulticlassCalibrationError
 
-from project import calibration
 from project.data.dataset import ImageDataset
 from project.data.transforms import eval_transform
+from project.deploy import calibration
 
 BINS = 15
 MAX_IMAGES = 10_000  # evenly spaced over the split beyond this: minutes, not hours, on a CPU

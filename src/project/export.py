@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 import project
-from project import calibration
 from project.atomic import atomic_files, atomic_symlink
 from project.calibrate import calibrate_export, check_accept, check_score
 from project.calibrate import skipped as calibration_skipped
@@ -27,6 +26,7 @@ from project.checkpoint_io import load_checkpoint_file
 from project.data.decode import load_rgb
 from project.data.shapes import CLASSES, draw_shape
 from project.data.transforms import eval_transform
+from project.deploy import calibration
 from project.errors import UserError
 from project.model import ImageClassifier
 

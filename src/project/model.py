@@ -387,7 +387,7 @@ class ImageClassifier(L.LightningModule):
         if batch is None:
             return None
         # logits: PredictionWriter turns them into probabilities with the export's temperature and
-        # unknown threshold (project.calibration), as infer and serve do
+        # unknown threshold (project.deploy.calibration), as infer and serve do
         return self._views_logits(batch[0]).float()
 
     def _views_logits(self, images: torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,8 @@ from project import calibrate
 from project.atomic import atomic_files, atomic_symlink
 from project.data.dataset import ImageDataset
 from project.data.transforms import eval_transform
+from project.deploy.infer import sidecar_multilabel
 from project.errors import UserError
-from project.infer import sidecar_multilabel
 
 CALIBRATION_IMAGES = 256
 LATENCY_BATCHES = (1, 8)

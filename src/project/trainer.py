@@ -13,8 +13,8 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from typing_extensions import override
 
 from project import memory, tuning
-from project.calibration import DEFAULT_ACCEPT
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
+from project.deploy.calibration import DEFAULT_ACCEPT
 from project.errors import UserError
 from project.export import export_checkpoint, validation_images
 

@@ -8,7 +8,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
-from project.calibration import DEFAULT_ACCEPT
+from project.deploy.calibration import DEFAULT_ACCEPT
 from project.export import export_checkpoint, validation_images
 
 

@@ -5,7 +5,7 @@ rows of every process are gathered: the CSV has each image exactly once, whateve
 
 `predict_step` returns logits; probabilities are calibrated with the temperature of the
 checkpoint's export, and class_name is `unknown` below its unknown threshold, through
-`project.calibration` exactly as `infer` and `serve` do.
+`project.deploy.calibration` exactly as `infer` and `serve` do.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
-from project import prediction_csv
 from project.atomic import atomic_files
-from project.calibration import UNKNOWN, Calibration
+from project.deploy import prediction_csv
+from project.deploy.calibration import UNKNOWN, Calibration
 from project.errors import UserError
 from project.model import is_multilabel, label_names
 

@@ -28,13 +28,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from project.calibration import UNKNOWN
+from project.deploy.calibration import UNKNOWN
+from project.deploy.serve import bodies, memory
+from project.deploy.serve.batching import Batcher, Overloaded
+from project.deploy.serve.bodies import Limits, RequestError
+from project.deploy.serve.models import LoadedModel, ModelSlot
+from project.deploy.serve.sampler import Sampler
 from project.errors import UserError, user_message
-from project.serve import bodies, memory
-from project.serve.batching import Batcher, Overloaded
-from project.serve.bodies import Limits, RequestError
-from project.serve.models import LoadedModel, ModelSlot
-from project.serve.sampler import Sampler
 
 log = logging.getLogger("uvicorn.error")
 # what signal handlers raise off the main thread (an embedding test client) or on Windows

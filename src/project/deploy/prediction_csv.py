@@ -1,6 +1,6 @@
 """The predictions CSV of `predict` and of the torch-free `infer`: file, class_name, probability, top-k.
 
-class_name is `unknown` for an image below the export's unknown threshold (`project.calibration`);
+class_name is `unknown` for an image below the export's unknown threshold (`project.deploy.calibration`);
 probability and the top-k columns still give its most probable classes.
 
 Multi-label models write `file, labels, probability_<label>...` instead: the predicted labels

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from project.deploy.infer import Classifier
 from project.errors import UserError
-from project.infer import Classifier
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ by training's rule (`project.data.decode`), the resize and centre crop match val
 decoded is named on stderr with its reason, the others are still classified, and the exit status
 is then 1. Probabilities are calibrated with the export's temperature, and an image whose
 unknown score is below the export's threshold is answered `unknown` (its class probabilities
-still listed), both by `project.calibration` as `predict` and `serve` do. Importing this module
+still listed), both by `project.deploy.calibration` as `predict` and `serve` do. Importing this module
 imports neither torch nor lightning.
 """
 
@@ -26,11 +26,11 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from project import prediction_csv
 from project.atomic import atomic_files
-from project.calibration import UNKNOWN, Calibration
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
 from project.data.index import list_images  # numpy only: keeps this module free of torch
+from project.deploy import prediction_csv
+from project.deploy.calibration import UNKNOWN, Calibration
 from project.errors import UserError, user_message
 
 

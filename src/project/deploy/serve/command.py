@@ -175,12 +175,12 @@ def connection_cap(wanted: int) -> int:
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from project.serve.app import Settings, create_app
-    from project.serve.bodies import Limits
-    from project.serve.connections import ConnectionLimits, guarded_protocol
-    from project.serve.memory import return_freed_bodies
-    from project.serve.models import ModelSlot
-    from project.serve.sampler import Sampler
+    from project.deploy.serve.app import Settings, create_app
+    from project.deploy.serve.bodies import Limits
+    from project.deploy.serve.connections import ConnectionLimits, guarded_protocol
+    from project.deploy.serve.memory import return_freed_bodies
+    from project.deploy.serve.models import ModelSlot
+    from project.deploy.serve.sampler import Sampler
 
     return_freed_bodies()
     slot = ModelSlot(Path(args.model), args.threads, args.unknown_accept)
