@@ -1,6 +1,6 @@
 """Whole-process wall time: a classic hand-written training loop against `python -m project fit`.
 
-    python bench/handwritten.py --root DATA [--baseline REV] [--rounds 3] [--shipped]
+    python bench/handwritten.py --root DATA [--baseline REV ...] [--rounds 3] [--shipped] [--threads N]
 
 DATA is a folder with train/ and val/ class folders (e.g. 200 CIFAR-10 JPEGs per class in train/
 and 50 in val/). Both sides do the same work: resnet18 at 32 px from scratch, batch 64, 2 loader
@@ -12,7 +12,8 @@ resized crops (scale 0.7-1) and flips for training, resize + centre crop for eva
 - template: `python -m project fit` with the default config and only the flags that make the work
   the same (`--export_best.enabled=false` unless `--shipped`: the end-of-fit export is extra work
   the hand-written loop does not do);
-- baseline (with `--baseline REV`): the same `fit` with REV's `src/` (extracted with `git archive`).
+- template at REV (with `--baseline REV ...`): the same `fit` with REV's `src/` and `configs/`
+  (extracted with `git archive`).
 
 Each round runs every side once, the order rotating, each in a fresh process and an empty working
 folder. Prints each time, the medians and the ratios hand-written / template (> 1: the template
@@ -97,13 +98,16 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--root", required=True, help="image folder with train/ and val/")
-    parser.add_argument("--baseline", help="git revision whose template to time as well")
+    parser.add_argument("--baseline", nargs="*", default=[], help="git revisions whose template to time too")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--shipped", action="store_true", help="keep the end-of-fit export on")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every side (default: torch's)")
     parser.add_argument("--fit_args", nargs="*", default=[], help="extra flags for both templates' fit")
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
+    if args.threads:  # on a shared machine, spinning threads waiting for a busy core dominate otherwise
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -114,14 +118,16 @@ def main() -> None:
             "hand-written": ([sys.executable, "-c", LOOP, root, str(args.epochs)], None),
             "template": (fit, ours / "src"),
         }
-        if args.baseline:
-            base = tmp / "baseline"
+        for revision in args.baseline:
+            base = tmp / f"baseline-{revision}"
             base.mkdir()
             archive = subprocess.run(
-                ["git", "-C", str(HERE), "archive", args.baseline, "src"], check=True, capture_output=True
+                ["git", "-C", str(HERE), "archive", revision, "src", "configs"],
+                check=True,
+                capture_output=True,
             )
             subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
-            sides["baseline"] = (fit, base / "src")
+            sides[f"template at {revision}"] = (fit, base / "src")
         times: dict[str, list[float]] = {name: [] for name in sides}
         names = list(sides)
         for round_ in range(args.rounds):
