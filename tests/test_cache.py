@@ -122,3 +122,24 @@ def test_auto_rule_memory_share_processes_and_image_size(shapes_root: Path, tmp_
 def test_cache_option_refuses_other_values(shapes_root: Path) -> None:
     with pytest.raises(UserError, match=r"data.cache.*true, false or auto"):
         ImageDataModule(root=str(shapes_root), cache="yes")
+
+
+class _MeanColour(torch.nn.Module):
+    """uint8 images -> their mean colour: a model whose outputs show which pixels it saw."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return images.float().mean(dim=(2, 3))
+
+
+def test_export_calibration_reads_the_cached_validation_images_in_this_process(shapes_root: Path) -> None:
+    from project.calibrate import collect_logits, validation_loader
+
+    cached = ImageDataModule(root=str(shapes_root), num_workers=2, cache=True)
+    plain = ImageDataModule(root=str(shapes_root), num_workers=0, cache=False)
+    cached.setup("fit")
+    plain.setup("fit")
+    loader = validation_loader(cached, 24, 0.875)
+    assert loader.num_workers == 0 and loader.dataset.cache is cached.decoded["val"]
+    logits, labels = collect_logits(_MeanColour(), loader)
+    expected_logits, expected_labels = collect_logits(_MeanColour(), validation_loader(plain, 24, 0.875))
+    assert torch.equal(logits, expected_logits) and torch.equal(labels, expected_labels)
