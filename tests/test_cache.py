@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.data.cache import decode_all
+from project.data.cache import auto_cache, decode_all
 from project.data.datamodule import ImageDataModule
 from project.data.index import scan_folder
 from project.errors import UserError
@@ -77,3 +77,69 @@ def test_cache_that_would_not_fit_is_refused_with_the_numbers(shapes_root: Path)
         UserError, match=r"--data.cache=true would hold the 48 train images.*GiB.*--data.cache=false"
     ):
         decode_all(index, "train", num_workers=0, skip_bad_images=False, available=100_000)
+
+
+def test_auto_caches_small_images_that_fit_and_says_how_to_turn_it_off(shapes_root: Path, capsys) -> None:
+    dm = ImageDataModule(root=str(shapes_root), image_size=24, num_workers=0)  # cache=auto: the default
+    dm.setup("fit")
+    assert len(dm.decoded["train"]) == 48 and len(dm.decoded["val"]) == 24
+    notice = [line for line in capsys.readouterr().out.splitlines() if "--data.cache=auto" in line]
+    assert len(notice) == 1
+    assert "about 0.2 MiB of small images (~32x32 px)" in notice[0] and "--data.cache=false" in notice[0]
+    dm.setup("validate")  # the later stage reads the same buffer
+    assert dm.datasets["val"].cache is dm.decoded["val"]
+
+
+def test_auto_stays_off_when_told_so_and_outside_fit(shapes_root: Path, capsys) -> None:
+    off = ImageDataModule(root=str(shapes_root), num_workers=0, cache=False)
+    off.setup("fit")
+    evaluate = ImageDataModule(root=str(shapes_root), num_workers=0)  # auto: one pass is no gain
+    evaluate.setup("validate")
+    with pytest.warns(UserWarning, match="no test/ folder"):
+        evaluate.setup("test")
+    assert off.decoded == {} and evaluate.decoded == {}
+    assert "--data.cache" not in capsys.readouterr().out
+
+
+def test_auto_rule_memory_share_processes_and_image_size(shapes_root: Path, tmp_path: Path) -> None:
+    splits = [scan_folder(shapes_root / "train"), scan_folder(shapes_root / "val")]
+    decoded = 72 * 3 * 32 * 32  # train + val, RGB
+    assert auto_cache(splits, available=4 * decoded).enabled  # a quarter of the memory: fits
+    assert not auto_cache(splits, available=4 * decoded - 1).enabled
+    decision = auto_cache(splits, processes=2, available=4 * decoded)  # two copies on this machine
+    assert not decision.enabled and decision.decoded_bytes == decoded and decision.mean_pixels == 32 * 32
+    assert auto_cache(splits, processes=2, available=8 * decoded).enabled
+    for i in range(2):  # large images: not cached, however much memory there is
+        write_image(tmp_path / "big" / "a" / f"{i}.png", size=(160, 120))
+        write_image(tmp_path / "big" / "b" / f"{i}.png", size=(120, 140))
+    big = scan_folder(tmp_path / "big")
+    assert auto_cache([big], available=2**40).mean_pixels == (160 * 120 + 120 * 140) / 2
+    assert not auto_cache([big], available=2**40).enabled
+    write_image(tmp_path / "edge" / "a" / "0.png", size=(128, 128))  # the limit itself is small
+    assert auto_cache([scan_folder(tmp_path / "edge")], available=2**40).enabled
+
+
+def test_cache_option_refuses_other_values(shapes_root: Path) -> None:
+    with pytest.raises(UserError, match=r"data.cache.*true, false or auto"):
+        ImageDataModule(root=str(shapes_root), cache="yes")
+
+
+class _MeanColour(torch.nn.Module):
+    """uint8 images -> their mean colour: a model whose outputs show which pixels it saw."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return images.float().mean(dim=(2, 3))
+
+
+def test_export_calibration_reads_the_cached_validation_images_in_this_process(shapes_root: Path) -> None:
+    from project.calibrate import collect_logits, validation_loader
+
+    cached = ImageDataModule(root=str(shapes_root), num_workers=2, cache=True)
+    plain = ImageDataModule(root=str(shapes_root), num_workers=0, cache=False)
+    cached.setup("fit")
+    plain.setup("fit")
+    loader = validation_loader(cached, 24, 0.875)
+    assert loader.num_workers == 0 and loader.dataset.cache is cached.decoded["val"]
+    logits, labels = collect_logits(_MeanColour(), loader)
+    expected_logits, expected_labels = collect_logits(_MeanColour(), validation_loader(plain, 24, 0.875))
+    assert torch.equal(logits, expected_logits) and torch.equal(labels, expected_labels)

@@ -53,7 +53,9 @@ def test_checkpoint_is_renamed_into_place_from_a_hidden_partial(tmp_path: Path, 
     )
     monkeypatch.setattr(project.atomic.os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd)))
     path = tmp_path / "run" / "last.ckpt"
-    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}, "epoch": 1}, path)
+    checkpoint_io = AtomicCheckpointIO()
+    checkpoint_io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "epoch": 1}, path)
+    checkpoint_io.teardown()  # the write ran on the background thread: done by now
     [(partial, final)] = renames
     assert final == path and partial.parent == path.parent
     assert partial.name.startswith(".last.ckpt.") and partial.name.endswith(".partial")
@@ -200,3 +202,37 @@ def test_atomic_files_renames_all_in_order_or_none(tmp_path: Path, monkeypatch) 
         b.write_text("new")
     assert renames == [model, sidecar]  # the sidecar appears last
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "m.onnx"] and sidecar.read_text() == "new"
+
+
+def test_background_write_keeps_the_state_of_the_save_and_loads_wait_for_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    release = threading.Event()
+    real_write = project.checkpoint_io.atomic_write
+    monkeypatch.setattr(
+        project.checkpoint_io, "atomic_write", lambda path, data: (release.wait(10), real_write(path, data))
+    )
+    checkpoint_io, path, weights = AtomicCheckpointIO(), tmp_path / "last.ckpt", torch.ones(3)
+    checkpoint_io.save_checkpoint({"state_dict": {"w": weights}}, path)
+    assert not path.exists()  # save returned; the file is still being written
+    weights.add_(1)  # training goes on and changes the tensors in place
+    threading.Timer(0.2, release.set).start()
+    loaded = checkpoint_io.load_checkpoint(path)  # waits for the write
+    assert torch.equal(loaded["state_dict"]["w"], torch.ones(3))  # the state at the save
+    checkpoint_io.teardown()
+
+
+def test_after_a_failed_background_write_nothing_is_removed_and_the_error_is_raised(
+    tmp_path: Path, monkeypatch
+) -> None:
+    checkpoint_io = AtomicCheckpointIO()
+    old = tmp_path / "epoch=000.ckpt"
+    checkpoint_io.save_checkpoint({"epoch": 0}, old)
+    checkpoint_io.wait()
+    fail_writes_halfway(monkeypatch)
+    checkpoint_io.save_checkpoint({"epoch": 1}, tmp_path / "epoch=001.ckpt")  # fails in the background
+    checkpoint_io.remove_checkpoint(old)  # what Lightning asks next: queued after the failed write
+    with pytest.raises(UserError, match=r"No space left on the disk to write checkpoint '.*epoch=001.ckpt'"):
+        checkpoint_io.teardown()
+    assert [p.name for p in tmp_path.iterdir()] == ["epoch=000.ckpt"]  # kept, and no partial file
+    assert load_checkpoint_file(old)["epoch"] == 0

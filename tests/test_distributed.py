@@ -48,6 +48,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory, odd_root: Path) -> Path:
     work = tmp_path_factory.mktemp("ddp")
     result = project(work, "fit", *DDP, *fast_args(odd_root, "--name=ddp", "--trainer.devices=2"))
     assert result.returncode == 0, result.stderr[-3000:]
+    (work / "stdout.txt").write_text(result.stdout)
     return work
 
 
@@ -60,6 +61,14 @@ def test_ddp_fit_writes_one_run_from_rank_zero(ddp_run: Path) -> None:
     checkpoint = torch.load(ddp_run / "checkpoints" / "ddp" / "last.ckpt", weights_only=False)
     # 48 training images over 2 ranks = 24 each: one full batch of 16 per rank and epoch
     assert (checkpoint["epoch"], checkpoint["global_step"]) == (0, 1)
+
+
+def test_auto_cache_is_decided_once_for_every_process(ddp_run: Path) -> None:
+    """Rank 0 decides (for 2 copies on this machine) and says so once; both ranks then read the cache."""
+    out = (ddp_run / "stdout.txt").read_text()
+    notices = [line for line in out.splitlines() if "(--data.cache=auto)" in line]
+    assert len(notices) == 1 and "per process x 2" in notices[0]
+    assert out.count("Cached 48 train images") == 2 and out.count("Cached 23 val images") == 2
 
 
 def test_validation_counts_each_image_once(ddp_run: Path, odd_root: Path) -> None:

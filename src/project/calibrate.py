@@ -27,7 +27,10 @@ MAX_IMAGES = 10_000  # evenly spaced over the split beyond this: minutes, not ho
 
 
 def validation_loader(datamodule: object, size: int, crop_ratio: float, batch_size: int = 64) -> DataLoader:
-    """The validation images (at most MAX_IMAGES) preprocessed as `infer` does; ValueError saying why not."""
+    """The validation images (at most MAX_IMAGES) preprocessed as `infer` does; ValueError saying why not.
+
+    Images the data module holds decoded (`--data.cache`) are read from memory, in this process.
+    """
     root = getattr(datamodule, "root", None)
     if datamodule is None or root is None:
         raise ValueError("no data module was given (pass --data.root, or export from `fit`)")
@@ -36,10 +39,12 @@ def validation_loader(datamodule: object, size: int, crop_ratio: float, batch_si
     index = datamodule.splits["val"]
     if len(index) == 0:
         raise ValueError(f"'{root}' has no validation images")
-    dataset = ImageDataset(index, eval_transform(size, crop_ratio))
+    # decoded at setup by --data.cache (the export at the end of fit): read there, no workers to start
+    decoded = (getattr(datamodule, "decoded", None) or {}).get("val")
+    dataset = ImageDataset(index, eval_transform(size, crop_ratio), cache=decoded)
     if len(index) > MAX_IMAGES:
         dataset = Subset(dataset, np.linspace(0, len(index) - 1, MAX_IMAGES).astype(int).tolist())
-    workers = int(getattr(datamodule, "num_workers", 0) or 0)
+    workers = 0 if decoded is not None else int(getattr(datamodule, "num_workers", 0) or 0)
     return DataLoader(dataset, batch_size=batch_size, num_workers=workers)
 
 

@@ -1,5 +1,15 @@
 """Checkpoint files: written atomically (a kill or a full disk never leaves a half file under a final
-name) and read weights-only (a checkpoint from elsewhere cannot run code when it is loaded)."""
+name), in the background, and read weights-only (a checkpoint from elsewhere cannot run code when it
+is loaded).
+
+Saving takes the state at once (`torch.save` to memory, on the training thread); writing those bytes
+to the disk (write, fsync, rename: most of a save's time) happens on one background thread while
+training goes on. That thread also does the removals Lightning asks for, in order, so an old
+checkpoint is never deleted before the one replacing it is complete, and after a failed write
+nothing more is written or removed: the failure is raised on the training thread at the next save,
+removal or load, or when the trainer tears down (before `on_fit_end`, so what runs then, the export
+of the best checkpoint, reads complete files).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +18,7 @@ import io
 import pickle
 import re
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,28 +44,78 @@ class UnsafeCheckpointError(UserError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's TorchCheckpointIO, but saves go through a temporary file + fsync + rename, and every
-    load is weights-only whatever the caller asks (Lightning passes weights_only=None)."""
+    """Lightning's TorchCheckpointIO, but saves go through a temporary file + fsync + rename (on a
+    background thread unless `background` is false), and every load is weights-only whatever the
+    caller asks (Lightning passes weights_only=None)."""
+
+    def __init__(self, background: bool = True) -> None:
+        """
+        Args:
+            background: Write (and remove) files on a background thread; false: before returning.
+        """
+        super().__init__()
+        self.background = background
+        self._thread: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+        self._error: BaseException | None = None
 
     @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
         if storage_options is not None or not _is_local_file_protocol(path):
+            self.wait()
             return super().save_checkpoint(checkpoint, path, storage_options)  # remote: fsspec's transaction
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
-        torch.save(checkpoint, buffer)
+        torch.save(checkpoint, buffer)  # the state now: training may change the tensors once this returns
+        self._run(_write, path, buffer)
+
+    @override
+    def remove_checkpoint(self, path: Any) -> None:
+        self._run(super().remove_checkpoint, path)
+
+    def wait(self) -> None:
+        """Block until every write and removal asked for is done; raise the first that failed."""
+        for future in self._pending:
+            future.result()
+        self._pending = []
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    @override
+    def teardown(self) -> None:
         try:
-            atomic_write(path, buffer.getbuffer())
-        except OSError as e:
-            if e.errno in DISK_FULL:
-                raise disk_full(path, buffer.getbuffer().nbytes) from None
-            raise
+            self.wait()
+        finally:
+            if self._thread is not None:
+                self._thread.shutdown(wait=True)
+                self._thread = None
+
+    def _run(self, task: Any, *args: Any) -> None:
+        """`task(*args)` on the writer thread, after the ones before it; at once when not in background."""
+        if self._error is not None:  # an earlier write failed: stop here, with its error
+            self.wait()
+        if not self.background:
+            return task(*args)
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._thread.submit(self._guarded, task, *args))
+
+    def _guarded(self, task: Any, *args: Any) -> None:
+        if self._error is not None:  # after a failed write nothing more is written or removed
+            return
+        try:
+            task(*args)
+        except BaseException as e:
+            self._error = e
 
     @override
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        self.wait()  # a checkpoint being written is read whole
         # Lightning calls this without map_location: tensors then load onto the CPU (as in Lightning's
         # own TorchCheckpointIO), never onto the device that wrote them, which this machine may lack;
         # the strategy moves the restored model where it runs
@@ -64,6 +125,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not Path(path).is_file():
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
         return load_checkpoint_file(path, map_location=map_location)
+
+
+def _write(path: Path, buffer: io.BytesIO) -> None:
+    try:
+        atomic_write(path, buffer.getbuffer())
+    except OSError as e:
+        if e.errno in DISK_FULL:
+            raise disk_full(path, buffer.getbuffer().nbytes) from None
+        raise
 
 
 def disk_full(path: Path, size: int) -> DiskFullError:

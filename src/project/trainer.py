@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +35,7 @@ class Trainer(L.Trainer):
 
     @override
     def fit(self, *args: Any, **kwargs: Any) -> None:
-        with disk_full_ends_in_one_line(self, "fit"):
+        with disk_full_ends_in_one_line(self, "fit"), checkpoints_written(self):
             super().fit(*args, **kwargs)
 
     @override
@@ -148,6 +148,27 @@ class Trainer(L.Trainer):
             calibrate=calibrate,
         )
         print(f"Exported {result.onnx}\n         {result.pt2}\n         {result.sidecar}")
+
+
+@contextmanager
+def checkpoints_written(trainer: L.Trainer) -> Iterator[None]:
+    """Every checkpoint write asked for is complete when the block is left, however it is left.
+
+    Lightning waits for them in its teardown, but an exception raised while it handles another (a
+    logger that cannot flush to a full disk) skips that teardown. A write's own failure is raised
+    here unless another error is already on its way.
+    """
+    try:
+        yield
+    except BaseException:
+        checkpoint_io = trainer.strategy.checkpoint_io
+        if isinstance(checkpoint_io, AtomicCheckpointIO):
+            with suppress(Exception):
+                checkpoint_io.teardown()
+        raise
+    checkpoint_io = trainer.strategy.checkpoint_io
+    if isinstance(checkpoint_io, AtomicCheckpointIO):
+        checkpoint_io.teardown()
 
 
 @contextmanager

@@ -2,6 +2,8 @@
 
 For small-image data sets (CIFAR-sized JPEGs) decoding is a large share of an epoch; with
 `--data.cache=true` each file is decoded once, at setup, and every later epoch reads the buffer.
+`--data.cache=auto` (the default) does so by itself when `fit` finds small images that fit
+comfortably in memory (`auto_cache`: the rule is there).
 The buffer is one flat tensor plus two int64/int32 arrays (offsets, shapes): no per-image Python
 objects, so forked workers share its pages and never copy them. Transforms still run per epoch,
 so the crops, flips and augmentations are exactly those of the uncached path.
@@ -10,10 +12,12 @@ so the crops, flips and augmentations are exactly those of the uncached path.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.decode import BadImageError, load_rgb
@@ -23,6 +27,12 @@ from project.errors import UserError
 
 MEMORY_SHARE = 0.5  # at most this share of the available memory may hold the decoded images
 SAMPLE = 64  # images decoded to estimate the whole cache before decoding it
+# --data.cache=auto caches when the images average at most this many pixels (CIFAR 32x32, Tiny
+# ImageNet 64x64, STL-10 96x96: decoding is a large share of such a sample's cost) ...
+AUTO_MAX_PIXELS = 128 * 128
+# ... and the decoded train + val images of every process on this machine take at most this share
+# of the available memory (twice that while the buffer is built: still under half).
+AUTO_MEMORY_SHARE = 0.25
 CHUNK = 256  # images per message from a decoding worker
 
 
@@ -132,6 +142,68 @@ def _check_fits(index: ImageIndex, split: str, available: int) -> None:
             "set --data.cache=false (files are then decoded every epoch), or train at a smaller source "
             "resolution (resize the files on disk once).",
         )
+
+
+def header_sizes(index: ImageIndex, sample: int = SAMPLE) -> list[int]:
+    """Pixel counts (width x height) of up to `sample` files spread over `index`, from their headers.
+
+    Opening an image reads its header, not its pixels: cheap even for camera-sized photos.
+    Files that cannot be opened are left out (they are reported when decoded).
+    """
+    pixels = []
+    for i in range(0, len(index), max(1, len(index) // sample)):
+        path = index.path(i)
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe would block
+                continue
+            with Image.open(path) as image:
+                pixels.append(image.width * image.height)
+        except Exception:  # an estimate: whatever is wrong is reported when the file is decoded
+            continue
+    return pixels
+
+
+@dataclass(frozen=True)
+class AutoCache:
+    """What `--data.cache=auto` decided, and the numbers it decided on."""
+
+    enabled: bool
+    decoded_bytes: float  # estimated, train + val, one process
+    mean_pixels: float
+    processes: int
+    available: int
+
+    @property
+    def notice(self) -> str:
+        """The one line a run prints when it caches by itself."""
+        side = round(self.mean_pixels**0.5)
+        each = f" per process x {self.processes}" if self.processes > 1 else ""
+        return (
+            f"Caching the decoded train and val images in memory (--data.cache=auto): about "
+            f"{self.decoded_bytes / 2**20:,.1f} MiB{each} "
+            f"of small images (~{side}x{side} px) against {self.available / 2**30:.1f} GiB available. "
+            f"--data.cache=false turns it off."
+        )
+
+
+def auto_cache(indices: list[ImageIndex], processes: int = 1, available: int | None = None) -> AutoCache:
+    """Cache when the images are small (mean <= AUTO_MAX_PIXELS) and all processes' decoded copies
+    take at most AUTO_MEMORY_SHARE of the available memory."""
+    available = available if available is not None else available_memory()
+    total, pixels, files = 0.0, [], 0
+    for index in indices:
+        sizes = header_sizes(index)
+        pixels += sizes
+        files += len(index)
+        total += 3 * (sum(sizes) / max(1, len(sizes))) * len(index)  # decoded as RGB, 1 byte each
+    mean_pixels = sum(pixels) / max(1, len(pixels))
+    enabled = (
+        files > 0
+        and bool(pixels)
+        and mean_pixels <= AUTO_MAX_PIXELS
+        and processes * total <= AUTO_MEMORY_SHARE * available
+    )
+    return AutoCache(enabled, total, mean_pixels, processes, available)
 
 
 def available_memory() -> int:

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, WeightedRandomSampler
 from typing_extensions import override
 
 from project.config_checks import fraction, positive_int, require
-from project.data.cache import DecodedImages, decode_all
+from project.data.cache import DecodedImages, auto_cache, decode_all
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
 from project.data.folders import folder_splits
 from project.data.index import ImageIndex, hold_out, list_images
@@ -119,7 +119,7 @@ class ImageDataModule(L.LightningDataModule):
         predict_dir: str | None = None,
         labels_csv: str | None = None,
         label_delimiter: str = " ",
-        cache: bool = False,
+        cache: bool | Literal["auto"] = "auto",
     ) -> None:
         """
         Args:
@@ -153,7 +153,10 @@ class ImageDataModule(L.LightningDataModule):
             label_delimiter: What separates the labels in the CSV's labels column (" ": any whitespace).
             cache: Decode the train and val images once, at setup, into shared memory, and read them
                 from there every epoch: for small images (CIFAR-sized) whose decoding costs as much as
-                the augmentation. Refused, with the numbers, when it would take over half the free memory.
+                the augmentation. true: refused, with the numbers, when it would take over half the
+                free memory. auto: `fit` caches (and says so in one line) when the images average at
+                most 128x128 pixels and the decoded train + val of every process on the machine take
+                at most a quarter of the available memory; otherwise, and in other commands, not.
         """
         super().__init__()
         check_recipe_options(mixup_alpha, cutmix_alpha, balance, labels_csv)
@@ -181,6 +184,7 @@ class ImageDataModule(L.LightningDataModule):
         self.prefetch_factor = prefetch_factor
         self.skip_bad_images = skip_bad_images
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
+        require(cache in (True, False, "auto"), "data.cache", cache, "true, false or auto")
         self.cache = cache
         self.mixup_alpha = mixup_alpha
         self.cutmix_alpha = cutmix_alpha
@@ -255,8 +259,9 @@ class ImageDataModule(L.LightningDataModule):
         if stage == "fit":
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 self.batch_mix = BatchMix(self.mixup_alpha, self.cutmix_alpha, self.num_classes)
-            self.datasets["train"] = self._labelled("train", self.train_transform)
-            self.datasets["val"] = self._labelled("val", self.eval_transform)
+            cache = self._decide_cache() if self.cache == "auto" else self.cache
+            self.datasets["train"] = self._labelled("train", self.train_transform, cache)
+            self.datasets["val"] = self._labelled("val", self.eval_transform, cache)
         elif stage == "validate":
             self.datasets["val"] = self._labelled("val", self.eval_transform)
         elif stage == "test":
@@ -270,10 +275,28 @@ class ImageDataModule(L.LightningDataModule):
         elif stage == "predict":
             self.datasets["predict"] = self._predict_dataset()
 
-    def _labelled(self, split: str, transform: torch.nn.Module) -> ImageDataset:
+    def _decide_cache(self) -> bool:
+        """--data.cache=auto: cache small images that fit comfortably in memory (data/cache.py's rule).
+
+        Under DDP every process holds its own copy, so the budget counts this machine's processes;
+        the first process decides for all (their free memory differs by what the others took).
+        """
+        trainer = self.trainer
+        processes = trainer.num_devices if trainer is not None else 1
+        if trainer is None or trainer.is_global_zero:
+            decision = auto_cache([self.splits["train"], self.splits["val"]], processes)
+            if decision.enabled:
+                print(decision.notice)
+            enabled = decision.enabled
+        else:
+            enabled = False
+        return bool(trainer.strategy.broadcast(enabled, src=0)) if trainer is not None else enabled
+
+    def _labelled(self, split: str, transform: torch.nn.Module, cache: bool | None = None) -> ImageDataset:
+        """The split's data set; `cache` (default: only --data.cache=true) decodes it into memory first."""
         self._check_model_classes()
         index = self.splits[split]
-        if self.cache and split not in self.decoded:
+        if (self.cache is True if cache is None else cache) and split not in self.decoded:
             self.decoded[split] = decode_all(
                 index, split, self.num_workers, self.skip_bad_images, self.skip_log
             )
