@@ -236,3 +236,34 @@ def test_after_a_failed_background_write_nothing_is_removed_and_the_error_is_rai
         checkpoint_io.teardown()
     assert [p.name for p in tmp_path.iterdir()] == ["epoch=000.ckpt"]  # kept, and no partial file
     assert load_checkpoint_file(old)["epoch"] == 0
+
+
+def test_a_slow_disk_holds_back_the_saves_instead_of_queueing_them(tmp_path: Path, monkeypatch) -> None:
+    """Each queued write holds a whole checkpoint in memory: at most MAX_PENDING wait, then save blocks."""
+    release, started, returned = threading.Event(), [], []
+    real_write = project.checkpoint_io.atomic_write
+
+    def slow_write(path: Path, data: memoryview) -> None:
+        started.append(path.name)
+        release.wait(10)
+        real_write(path, data)
+
+    def save_five() -> None:
+        for n in range(5):
+            checkpoint_io.save_checkpoint({"n": n}, tmp_path / f"{n}.ckpt")
+            returned.append(n)
+
+    monkeypatch.setattr(project.checkpoint_io, "atomic_write", slow_write)
+    checkpoint_io = AtomicCheckpointIO()
+    saver = threading.Thread(target=save_five)
+    saver.start()
+    try:
+        saver.join(1.0)
+        # saves 0 and 1 are queued; save 2 waits for the disk
+        assert saver.is_alive() and returned == [0, 1] and project.checkpoint_io.MAX_PENDING == 2
+    finally:
+        release.set()
+        saver.join(10)
+    checkpoint_io.teardown()
+    assert returned == [0, 1, 2, 3, 4] and started == [f"{n}.ckpt" for n in range(5)]  # in order
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{n}.ckpt" for n in range(5)]

@@ -43,6 +43,10 @@ class UnsafeCheckpointError(UserError):
     """A checkpoint holding pickled objects other than tensors and plain values: refused, nothing ran."""
 
 
+# Writes and removals queued at most, each write holding a whole checkpoint's bytes in memory.
+MAX_PENDING = 2
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's TorchCheckpointIO, but saves go through a temporary file + fsync + rename (on a
     background thread unless `background` is false), and every load is weights-only whatever the
@@ -103,6 +107,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending = [f for f in self._pending if not f.done()]
+        while len(self._pending) >= MAX_PENDING:  # bounded memory: a slow disk holds back training instead
+            self._pending.pop(0).result()
         self._pending.append(self._thread.submit(self._guarded, task, *args))
 
     def _guarded(self, task: Any, *args: Any) -> None:
