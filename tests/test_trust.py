@@ -11,8 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from project import calibrate, calibration
+from project import calibrate
 from project.data.shapes import CLASSES, draw_shape
+from project.deploy import calibration
 from project.deploy.calibration import Calibration
 from project.deploy.infer import Classifier
 from project.deploy.infer import main as infer_main
