@@ -47,7 +47,14 @@ def parse(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[L.Trainer, Image
 
 def train_loader(datamodule: ImageDataModule, accelerator: object) -> torch.utils.data.DataLoader:
     """The training DataLoader the data module builds for a trainer on `accelerator`."""
-    datamodule.trainer = SimpleNamespace(accelerator=accelerator, lightning_module=None, world_size=1)
+    datamodule.trainer = SimpleNamespace(
+        accelerator=accelerator,
+        lightning_module=None,
+        world_size=1,
+        num_devices=1,
+        is_global_zero=True,
+        strategy=SimpleNamespace(broadcast=lambda value, src=0: value),
+    )
     datamodule.setup("fit")
     return datamodule.train_dataloader()
 
