@@ -12,11 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from project.data.datamodule import EMBEDDED_MULTILABEL_CSV, ImageDataModule
-from project.data.index import ImageIndex, scan_folder
-from project.data.labels_csv import read_labels_csv
-from project.data.multishapes import generate_multishapes
-from project.data.shapes import generate_shapes
+from project.data.datamodule import ImageDataModule
+from project.data.index import ImageIndex
 
 WHOLE = "all"  # the split name of images that belong to no split
 
@@ -26,30 +23,13 @@ class AuditDataModule(ImageDataModule):
 
     @cached_property
     def splits(self) -> dict[str, ImageIndex]:
-        if self.embedded:
-            generate_shapes(self.root)
-        if self.val_split is None:
-            whole = self._unsplit()
-            if whole is not None:
-                self._check_num_classes(next(iter(whole.values())).class_names)
-                return whole
-        return ImageDataModule.splits.func(self)
-
-    def _unsplit(self) -> dict[str, ImageIndex] | None:
-        """The layouts fit would need --data.val_split for, as they are; None for the others."""
-        if self.labels_csv is not None:
-            if self.labels_csv == EMBEDDED_MULTILABEL_CSV:
-                generate_multishapes(EMBEDDED_MULTILABEL_CSV.parent)
-            index, split = read_labels_csv(self.labels_csv, self.root, self.label_delimiter)
-            return {WHOLE: index} if split is None else None
-        if not (self.root / "train").is_dir():
-            return {WHOLE: scan_folder(self.root)}
-        if not (self.root / "val").is_dir():
-            train = scan_folder(self.root / "train")
-            test = self.root / "test"
-            extra = {"test": scan_folder(test, list(train.class_names))} if test.is_dir() else {}
-            return {"train": train, **extra}
-        return None
+        if self.val_split is not None:
+            return ImageDataModule.splits.func(self)  # split as fit would split it
+        # a layout that fit would need --data.val_split for is audited as it is
+        key = WHOLE if self.labels_csv is not None or not (self.root / "train").is_dir() else "train"
+        splits = self._read_splits(lambda index, problem, instead: {key: index})
+        self._check_num_classes(next(iter(splits.values())).class_names)
+        return splits
 
     @property
     def class_names(self) -> list[str]:

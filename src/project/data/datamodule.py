@@ -23,7 +23,7 @@ from project.config_checks import fraction, positive_int, require
 from project.data.cache import DecodedImages, auto_cache, decode_all
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
 from project.data.folders import folder_splits
-from project.data.index import ImageIndex, hold_out, list_images
+from project.data.index import HoldOut, ImageIndex, Splits, hold_out, list_images
 from project.data.labels_csv import csv_splits
 from project.data.multishapes import generate_multishapes
 from project.data.shapes import generate_shapes
@@ -199,18 +199,21 @@ class ImageDataModule(L.LightningDataModule):
     @cached_property
     def splits(self) -> dict[str, ImageIndex]:
         """The labelled indices by split name: train, val and, when present, test."""
-        if self.embedded:  # the demo data sets are generated on first use
+        splits = self._read_splits(partial(hold_out, fraction=self.val_split, seed=self.split_seed))
+        self._check_num_classes(splits["train"].class_names)
+        return splits
+
+    def _read_splits(self, hold: HoldOut) -> Splits:
+        """The splits as the data format stores them, `hold` giving one without val its split; the demo
+        data sets are generated on first use. Each data format is one function returning the splits
+        (docs/new-task.md, "Another data format")."""
+        if self.embedded:
             generate_shapes(self.root)
         if self.labels_csv == EMBEDDED_MULTILABEL_CSV:
             generate_multishapes(EMBEDDED_MULTILABEL_CSV.parent)
-        # each data format is one function returning the splits (docs/new-task.md, "Another data format")
-        hold = partial(hold_out, fraction=self.val_split, seed=self.split_seed)
         if self.labels_csv is not None:
-            splits = csv_splits(self.labels_csv, self.root, self.label_delimiter, hold)
-        else:
-            splits = folder_splits(self.root, hold)
-        self._check_num_classes(splits["train"].class_names)
-        return splits
+            return csv_splits(self.labels_csv, self.root, self.label_delimiter, hold)
+        return folder_splits(self.root, hold)
 
     def _check_num_classes(self, found: tuple[str, ...]) -> None:
         if len(found) < 2 and self.labels_csv is None:  # softmax over one class: nothing to learn
