@@ -190,16 +190,14 @@ def auto_cache(indices: list[ImageIndex], processes: int = 1, available: int | N
     """Cache when the images are small (mean <= AUTO_MAX_PIXELS) and all processes' decoded copies
     take at most AUTO_MEMORY_SHARE of the available memory."""
     available = available if available is not None else available_memory()
-    total, pixels, files = 0.0, [], 0
+    total, pixels = 0.0, []
     for index in indices:
         sizes = header_sizes(index)
         pixels += sizes
-        files += len(index)
         total += 3 * (sum(sizes) / max(1, len(sizes))) * len(index)  # decoded as RGB, 1 byte each
     mean_pixels = sum(pixels) / max(1, len(pixels))
     enabled = (
-        files > 0
-        and bool(pixels)
+        bool(pixels)  # some file read: there are images
         and mean_pixels <= AUTO_MAX_PIXELS
         and processes * total <= AUTO_MEMORY_SHARE * available
     )
