@@ -1,8 +1,10 @@
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
 
-from project.model import ImageClassifier
+from project.model import ImageClassifier, build_optimizer
 from project.schedulers import WarmupCosineLR
 
 
@@ -40,6 +42,43 @@ def test_no_weight_decay_on_biases_and_norms() -> None:
     decay, no_decay = model.configure_optimizers()["optimizer"].param_groups
     assert all(p.ndim > 1 for p in decay["params"]) and no_decay["weight_decay"] == 0.0
     assert all(p.ndim <= 1 for p in no_decay["params"])
+
+
+def test_optimizer_runs_fused_unless_the_config_chose_an_implementation() -> None:
+    model = ImageClassifier(num_classes=2, backbone="resnet18", scheduler=None)
+    fused = model.configure_optimizers()["optimizer"]
+    assert fused.defaults["fused"] is True and {g["fused"] for g in fused.param_groups} == {True}
+    assert [g["weight_decay"] for g in fused.param_groups][1] == 0.0  # the groups are kept
+    groups = [{"params": list(model.parameters())}]
+    for chosen in ({"fused": False}, {"foreach": True}):
+        optimizer = build_optimizer(partial(torch.optim.AdamW, lr=0.1, **chosen), groups)
+        assert optimizer.param_groups[0]["fused"] in (None, False)  # the user's choice stands
+    assert isinstance(build_optimizer(partial(torch.optim.RMSprop, lr=0.1), groups), torch.optim.RMSprop)
+    only_params = build_optimizer(lambda params: torch.optim.AdamW(params, lr=0.1), groups)
+    assert only_params.defaults["fused"] is None
+    for odd in (torch.ones(3, dtype=torch.complex64), torch.ones(3, device="meta")):  # no fused kernel
+        assert (
+            build_optimizer(partial(torch.optim.AdamW), [{"params": [nn.Parameter(odd)]}]).defaults["fused"]
+            is None
+        )
+
+
+def test_a_fused_step_is_the_default_step() -> None:
+    weights = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = ImageClassifier(num_classes=3, backbone="resnet18", scheduler=None)
+        model.optimizer = partial(torch.optim.AdamW, lr=0.01, weight_decay=0.05, fused=fused)
+        optimizer = model.configure_optimizers()["optimizer"]
+        assert optimizer.defaults["fused"] is fused
+        initial = torch.cat([p.detach().flatten() for p in model.parameters()])
+        model.train()
+        images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+        loss, _ = model.loss((images, torch.tensor([0, 1, 2, 0])))
+        loss.backward()
+        optimizer.step()  # one step: later ones amplify rounding where Adam divides tiny gradients
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert (weights[0] - weights[1]).abs().max() < 1e-6 and (weights[0] - initial).abs().max() > 1e-3
 
 
 def test_bn_momentum_override() -> None:
