@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import numpy_helper
 
 from project import export
@@ -58,6 +59,26 @@ def test_fit_hook_exports_the_best_checkpoint(trained: Path) -> None:
         assert target.startswith("x-val_acc=") and target.endswith(f".{fmt}") and (folder / target).is_file()
 
 
+def test_the_torchscript_exporter_goes_first_and_torch_export_stands_in_for_it(
+    trained: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = run_dir(trained)
+    assert json.loads((folder / "latest.json").read_text())["onnx_exporter"] == "torchscript"
+    real_export = torch.onnx.export
+
+    def without_torchscript(*args, dynamo: bool = True, **kwargs):  # a torch that no longer has it
+        if not dynamo:
+            raise RuntimeError("the TorchScript-based exporter was removed")
+        return real_export(*args, dynamo=dynamo, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", without_torchscript)
+    exported = export_checkpoint(folder / "last.ckpt", output_dir=folder / "fallback", calibrate=False)
+    assert exported.metadata["onnx_exporter"] == "torch.export"
+    assert exported.metadata["verification"]["passed"] is True
+    session = ort.InferenceSession(str(exported.onnx), providers=["CPUExecutionProvider"])
+    assert session.run(["logits"], {"images": np.zeros((3, 3, 32, 32), np.uint8)})[0].shape == (3, 6)
+
+
 def test_dynamic_batch(trained: Path) -> None:
     session = ort.InferenceSession(str(run_dir(trained) / "latest.onnx"), providers=["CPUExecutionProvider"])
     for n in (1, 2, 7):
@@ -91,9 +112,9 @@ def test_failed_verification_leaves_nothing(
 ) -> None:
     folder = run_dir(trained)
     bad = tampered_copy(folder / "latest.onnx", tmp_path / "bad.onnx")
-    monkeypatch.setattr(
-        export, "_write_onnx", lambda program, size, path, opset: path.write_bytes(bad.read_bytes())
-    )
+    write_bad = lambda *args: bool(args[2].write_bytes(bad.read_bytes()))  # noqa: E731
+    monkeypatch.setattr(export, "_write_onnx_torchscript", write_bad)  # fails verification, and so
+    monkeypatch.setattr(export, "_write_onnx", write_bad)  # does the fallback's file
     before = {p.name: os.readlink(p) if p.is_symlink() else None for p in folder.iterdir()}
     with pytest.raises(ExportError, match="no file was kept"):
         export_checkpoint(folder / "last.ckpt")
