@@ -347,8 +347,9 @@ def test_two_processes_one_killed_then_rerun(workdir: Path, shapes_root: Path) -
     storage = f"sqlite:///{workdir / 'logs/tiny/study.db'}"
 
     def second_is_training() -> optuna.trial.FrozenTrial | None:
-        try:
-            trials = optuna.load_study(study_name="tiny", storage=storage).get_trials()
+        try:  # under the sweeps' schema lock: optuna creates missing tables even to load a study
+            with command._schema_lock(storage):
+                trials = optuna.load_study(study_name="tiny", storage=storage).get_trials()
         except (KeyError, sqlalchemy.exc.OperationalError):  # not created yet
             return None
         return next(
