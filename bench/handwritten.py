@@ -1,6 +1,7 @@
 """Whole-process wall time: a classic hand-written training loop against `python -m project fit`.
 
     python bench/handwritten.py --root DATA [--baseline REV ...] [--rounds 3] [--shipped] [--threads N]
+                                [--timm_train train.py --timm_path DIR]
 
 DATA is a folder with train/ and val/ class folders (e.g. 200 CIFAR-10 JPEGs per class in train/
 and 50 in val/). Both sides do the same work: resnet18 at 32 px from scratch, batch 64, 2 loader
@@ -13,7 +14,12 @@ resized crops (scale 0.7-1) and flips for training, resize + centre crop for eva
   the same (`--export_best.enabled=false` unless `--shipped`: the end-of-fit export is extra work
   the hand-written loop does not do);
 - template at REV (with `--baseline REV ...`): the same `fit` with REV's `src/` and `configs/`
-  (extracted with `git archive`).
+  (extracted with `git archive`);
+- timm's `train.py` (with `--timm_train`; it ships in timm's repository, github.com/huggingface/
+  pytorch-image-models, not in the pip package; `--timm_path`: a folder holding the timm package,
+  e.g. `pip install --target DIR timm`): the same model, data, optimizer, learning rate, weight
+  decay, crops, flips, batch, workers and epochs, cosine schedule, no label smoothing or colour
+  jitter, `--no-prefetcher --device cpu`. Its version and the file's sha256 are printed.
 
 Each round runs every side once, the order rotating, each in a fresh process and an empty working
 folder. Prints each time, the medians and the ratios hand-written / template (> 1: the template
@@ -23,6 +29,7 @@ is faster).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import statistics
@@ -77,6 +84,50 @@ def fit_command(root: str, epochs: int, shipped: bool) -> list[str]:
     return command + ([] if shipped else ["--export_best.enabled=false"])
 
 
+def timm_command(train_py: str, root: str, epochs: int) -> list[str]:
+    classes = sum(1 for p in Path(root, "train").iterdir() if p.is_dir())
+    command = [sys.executable, str(Path(train_py).resolve()), "--data-dir", root, "--train-split", "train"]
+    command += ["--val-split", "val", "--model", "resnet18", "--num-classes", str(classes)]
+    command += ["--input-size", "3", "32", "32", "--crop-pct", f"{32 / 36:.4f}", "-b", "64"]
+    command += ["--epochs", str(epochs), "--opt", "adamw", "--lr", "0.002", "--weight-decay", "0.05"]
+    command += [
+        "--sched",
+        "cosine",
+        "--warmup-epochs",
+        "0",
+        "--scale",
+        "0.7",
+        "1.0",
+        "--ratio",
+        "0.9",
+        "1.11",
+    ]
+    command += [
+        "--hflip",
+        "0.5",
+        "--color-jitter",
+        "0",
+        "--smoothing",
+        "0",
+        "--train-interpolation",
+        "bilinear",
+    ]
+    command += ["--interpolation", "bilinear", "-j", "2", "--no-prefetcher", "--device", "cpu"]
+    return [*command, "--output", "out", "--checkpoint-hist", "1"]
+
+
+def timm_version(train_py: str, timm_path: str | None) -> str:
+    env = {**os.environ, **({"PYTHONPATH": timm_path} if timm_path else {})}
+    version = subprocess.run(
+        [sys.executable, "-c", "import timm; print(timm.__version__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    digest = hashlib.sha256(Path(train_py).read_bytes()).hexdigest()[:12]
+    return f"timm {version or '(not importable)'}, train.py sha256 {digest}"
+
+
 def timed(command: list[str], src: Path | None, work: Path) -> float:
     """Seconds from start to exit of `command` run in an empty `work` folder."""
     if work.exists():
@@ -104,6 +155,8 @@ def main() -> None:
     parser.add_argument("--shipped", action="store_true", help="keep the end-of-fit export on")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every side (default: torch's)")
     parser.add_argument("--fit_args", nargs="*", default=[], help="extra flags for both templates' fit")
+    parser.add_argument("--timm_train", help="timm's train.py (from its repository) to time too")
+    parser.add_argument("--timm_path", help="folder with the timm package for --timm_train (PYTHONPATH)")
     args = parser.parse_args()
     root = str(Path(args.root).resolve())
     if args.threads:  # on a shared machine, spinning threads waiting for a busy core dominate otherwise
@@ -118,6 +171,10 @@ def main() -> None:
             "hand-written": ([sys.executable, "-c", LOOP, root, str(args.epochs)], None),
             "template": (fit, ours / "src"),
         }
+        if args.timm_train:
+            print(timm_version(args.timm_train, args.timm_path), flush=True)
+            timm_path = Path(args.timm_path).resolve() if args.timm_path else None
+            sides["timm train.py"] = (timm_command(args.timm_train, root, args.epochs), timm_path)
         for revision in args.baseline:
             base = tmp / f"baseline-{revision}"
             base.mkdir()
@@ -143,6 +200,8 @@ def main() -> None:
     print(", ".join(f"{name} median {s:.1f} s" for name, s in medians.items()))
     for name in names[1:]:
         print(f"hand-written / {name}: {medians['hand-written'] / medians[name]:.2f}")
+    if "timm train.py" in medians:
+        print(f"timm train.py / template: {medians['timm train.py'] / medians['template']:.2f}")
 
 
 if __name__ == "__main__":
