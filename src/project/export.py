@@ -129,7 +129,7 @@ def export_checkpoint(
     # renamed into place together once verified, in this order: the sidecar appears last
     with atomic_files(*final.values()) as partials:
         partial = dict(zip(final, partials, strict=True))
-        # one trace serves both formats: the ONNX exporter starts from the same ExportedProgram
+        # the .pt2; the ONNX fallback exporter starts from this same program (see _onnx_verified)
         program = torch.export.export(deployable, (_example(size),), dynamic_shapes=_dynamic_batch())
         with open(partial["pt2"], "wb") as f:
             torch.export.save(program, f)
