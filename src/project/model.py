@@ -33,11 +33,8 @@ from project.schedulers import WarmupCosineLR
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-FUSED_DEVICES = (
-    "cpu",
-    "cuda",
-    "xpu",
-)  # where torch's fused optimizer kernels run (checked at the first step)
+# where torch's fused optimizer kernels run (torch checks it only at the first step)
+FUSED_DEVICES = ("cpu", "cuda", "xpu")
 
 
 def build_optimizer(make: OptimizerCallable, groups: list[dict]) -> torch.optim.Optimizer:
