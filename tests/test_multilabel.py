@@ -174,9 +174,12 @@ def test_the_multilabel_config_trains_logs_per_label_metrics_predicts_and_export
     infer(["--model", str(run / "latest.onnx"), "--output", str(inferred), str(multishapes / "val")])
     with open(inferred, newline="") as f:
         by_infer = {Path(r["file"]).name: r for r in csv.DictReader(f)}
-    for row in rows:  # the exported model, torch-free (Pillow's resize), agrees with predict (torchvision's)
+    # the exported model, torch-free (Pillow's resize), agrees with predict (torchvision's). A model
+    # after two steps is more sensitive to the two decoders' one-level differences than the
+    # consistency tests' models (DECODER_BOUND): up to 4.8e-3 over seeds 1, 2 and 42; the head or
+    # the columns done wrong (softmax, another order) move probabilities by 1e-1 or more
+    for row in rows:
         other = by_infer[row["file"]]
         for name in CLASSES:
-            assert (
-                abs(float(other[f"probability_{name}"]) - float(row[f"probability_{name}"])) <= DECODER_BOUND
-            )
+            difference = float(other[f"probability_{name}"]) - float(row[f"probability_{name}"])
+            assert abs(difference) <= 5 * DECODER_BOUND, (row["file"], name)
