@@ -22,7 +22,9 @@ def test_cached_samples_equal_uncached_ones(shapes_root: Path, num_workers: int)
     options = dict(
         root=str(shapes_root), image_size=24, auto_augment="trivialaugment", num_workers=num_workers
     )
-    plain, cached = ImageDataModule(**options), ImageDataModule(**options, cache=True)
+    # per-image transforms on cached images (batched augmentation: tests/test_batch_augment.py)
+    plain = ImageDataModule(**options, cache=False)
+    cached = ImageDataModule(**options, cache=True, batch_augment=False)
     plain.setup("fit")
     cached.setup("fit")
     assert len(cached.decoded["train"]) == 48 and len(cached.decoded["val"]) == 24

@@ -5,8 +5,9 @@ For small-image data sets (CIFAR-sized JPEGs) decoding is a large share of an ep
 `--data.cache=auto` (the default) does so by itself when `fit` finds small images that fit
 comfortably in memory (`auto_cache`: the rule is there).
 The buffer is one flat tensor plus two int64/int32 arrays (offsets, shapes): no per-image Python
-objects, so forked workers share its pages and never copy them. Transforms still run per epoch,
-so the crops, flips and augmentations are exactly those of the uncached path.
+objects, so forked workers share its pages and never copy them. Transforms still run per epoch:
+the per-image ones give exactly the uncached path's samples; a training split of one image size
+is augmented a batch at a time instead (`dataset.CachedBatches`, data/batch_augment.py).
 """
 
 from __future__ import annotations

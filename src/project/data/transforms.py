@@ -17,7 +17,11 @@ def train_transform(
     hflip: bool = True,
     auto_augment: AutoAugment = "none",
 ) -> v2.Compose:
-    """RandomResizedCrop to `image_size`, optional flip and TrivialAugment/RandAugment, all on uint8."""
+    """RandomResizedCrop to `image_size`, optional flip and TrivialAugment/RandAugment, all on uint8.
+
+    Cached training images of one size get the batched equivalent, data/batch_augment.py's
+    `BatchAugment`: a change here needs the same change there (or --data.batch_augment=false).
+    """
     steps: list[torch.nn.Module] = [
         v2.RandomResizedCrop(image_size, scale=scale, ratio=ratio, antialias=True)
     ]
