@@ -1,0 +1,60 @@
+"""One training step on the CPU, contiguous against channels-last memory format, alternating.
+
+    python bench/channels_last_cpu.py
+
+A step is forward, cross-entropy, backward and a fused AdamW step on random data, 2 threads.
+Each network runs 3 warm-up steps per side, then 5 rounds of 5 steps per side alternating; the
+figure is the median round's time per step. Measured, not adopted: see docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torchvision
+
+CASES = [("resnet18", 32, 64), ("mobilenet_v3_small", 64, 32), ("resnet18", 32, 128)]
+
+
+def side(name: str, size: int, batch: int, channels_last: bool) -> tuple:
+    net = torchvision.models.get_model(name, num_classes=10)
+    x, y = torch.randn(batch, 3, size, size), torch.randint(0, 10, (batch,))
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    return net, torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True), x, y
+
+
+def step(net: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    loss = torch.nn.functional.cross_entropy(net(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    for name, size, batch in CASES:
+        sides = {layout: side(name, size, batch, layout) for layout in (False, True)}
+        for args in sides.values():
+            for _ in range(3):
+                step(*args)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(5):
+            for layout, args in sides.items():
+                started = time.perf_counter()
+                for _ in range(5):
+                    step(*args)
+                times[layout].append((time.perf_counter() - started) / 5)
+        plain, last = statistics.median(times[False]), statistics.median(times[True])
+        print(
+            f"{name} {size} px batch {batch}: contiguous {plain * 1000:.1f} ms, "
+            f"channels_last {last * 1000:.1f} ms, ratio {plain / last:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
