@@ -1,5 +1,6 @@
 """Batch augmentation (data/batch_augment.py) against torchvision's per-image transforms."""
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -91,7 +92,8 @@ def crop_samples(scale: tuple[float, float], height: int, width: int, n: int = 2
     """[n, 4] (top, left, height, width) drawn by v2.RandomResizedCrop one crop at a time."""
     crop = v2.RandomResizedCrop(24, scale=scale)
     image = torch.zeros(3, height, width, dtype=torch.uint8)
-    params = [crop.make_params([image]) for _ in range(n)]
+    make_params = getattr(crop, "make_params", None) or crop._get_params  # torchvision < 0.21
+    params = [make_params([image]) for _ in range(n)]
     return np.array([[p["top"], p["left"], p["height"], p["width"]] for p in params])
 
 
@@ -148,7 +150,7 @@ def test_cached_training_split_is_augmented_a_batch_at_a_time(shapes_root: Path)
     assert images.shape == (16, 3, 24, 24) and images.dtype == torch.uint8 and labels.dtype == torch.int64
     epoch = list(dm.train_dataloader())
     assert sum(len(labels) for _, labels in epoch) == 48  # three whole batches, every image once
-    # the crops of one batch differ from image to image (not one crop for the batch)
+    # each index brings its own image and label
     same = BatchAugment(32, scale=(1.0, 1.0), ratio=(1.0, 1.0), hflip=False)
     exact = CachedBatches(dm.splits["train"], dm.decoded["train"], same)
     picked, picked_labels = exact.__getitems__([7, 0, 30])
@@ -157,6 +159,36 @@ def test_cached_training_split_is_augmented_a_batch_at_a_time(shapes_root: Path)
     off = ImageDataModule(root=str(shapes_root), num_workers=0, cache=True, batch_augment=False)
     off.setup("fit")
     assert isinstance(off.datasets["train"], ImageDataset)
+
+
+def test_half_the_images_are_flipped_each_on_its_own() -> None:
+    image = sample_images()[0]  # noise: no image equals its mirror
+    batch = image.expand(400, -1, -1, -1).contiguous()
+    whole = dict(scale=(1.0, 1.0), ratio=(1.0, 1.0))  # the crop is the image: only the flip acts
+    torch.manual_seed(5)
+    out = BatchAugment(32, **whole)(batch)
+    same = (out == image).flatten(1).all(1)
+    mirrored = (out == F.horizontal_flip(image)).flatten(1).all(1)
+    assert bool((same ^ mirrored).all())  # each output is the image or its mirror, exactly
+    assert 160 < int(mirrored.sum()) < 240  # p = 0.5: 200 +- 20 (two standard deviations)
+    assert bool((BatchAugment(32, **whole, hflip=False)(batch) == image).all())
+
+
+@pytest.mark.parametrize("auto_augment", ["none", "trivialaugment", "randaugment"])
+def test_the_augmentation_pickles_for_spawned_workers(auto_augment: str) -> None:
+    """Spawned loader workers (macOS, Windows, Python 3.14's forkserver) receive it pickled."""
+    augment = pickle.loads(pickle.dumps(BatchAugment(24, auto_augment=auto_augment)))
+    assert augment(sample_images()[:4]).shape == (4, 3, 24, 24)
+
+
+def test_images_larger_than_the_small_image_limit_are_augmented_one_at_a_time(tmp_path: Path) -> None:
+    """Past 128x128 the resize matrices (which span the whole image) cost more than per-image crops."""
+    for i in range(4):
+        for split in ("train", "val"):
+            write_image(tmp_path / split / ("a" if i % 2 else "b") / f"{i}.png", size=(160, 120))
+    dm = ImageDataModule(root=str(tmp_path), image_size=16, num_workers=0, cache=True, batch_size=2)
+    dm.setup("fit")
+    assert isinstance(dm.datasets["train"], ImageDataset)
 
 
 def test_images_of_several_sizes_are_augmented_one_at_a_time(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import torch
 
 from project.data.cache import auto_cache, decode_all
 from project.data.datamodule import ImageDataModule
+from project.data.dataset import CachedBatches
 from project.data.index import scan_folder
 from project.errors import UserError
 from tests.helpers import write_image
@@ -71,6 +72,9 @@ def test_bad_file_stops_or_is_skipped(shapes_root: Path, tmp_path: Path) -> None
     assert lenient.decoded["train"].image(position[0]) is None
     images, _ = next(iter(lenient.train_dataloader()))
     assert len(images) == 48  # 49 files, the broken one left out
+    train = lenient.datasets["train"]  # augmented a batch at a time: the bad file is left out there
+    assert isinstance(train, CachedBatches)
+    assert train.__getitems__(position) is None and len(train.__getitems__([*position, 0])[0]) == 1
 
 
 def test_cache_that_would_not_fit_is_refused_with_the_numbers(shapes_root: Path) -> None:

@@ -22,8 +22,9 @@ parameters for a whole batch in a few tensor calls and applies them with one cal
   (nearest, zero fill), colour operations as torchvision computes them, with the factor
   broadcast per image.
 
-Every step matches torchvision's per-image result to within one grey level (uint8 resize
-rounding) and the random parameters have the same distribution (tests/test_batch_augment.py);
+Each step matches torchvision's per-image result on the same input to within one grey level
+(uint8 resize rounding) and the random parameters have the same distribution
+(tests/test_batch_augment.py);
 the random streams differ, so a run is reproducible but not the same run as per-image transforms.
 """
 
@@ -68,8 +69,17 @@ class BatchAugment:
         self.ratio = ratio
         self.hflip = hflip
         self.auto_augment = auto_augment
-        space = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}.get(auto_augment)
-        self.space = dict(space._AUGMENTATION_SPACE) if space is not None else {}
+
+    @property
+    def space(self) -> dict:
+        """torchvision's table of operations: name -> (magnitudes(bins, height, width), signed).
+
+        Read from the class each time, not kept: its lambdas cannot be pickled, and spawned loader
+        workers receive this object pickled.
+        """
+        classes = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}
+        space = classes.get(self.auto_augment)
+        return space._AUGMENTATION_SPACE if space is not None else {}
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         n, _, height, width = images.shape
@@ -121,7 +131,8 @@ class BatchAugment:
     def operations(self, images: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
         """One operation per image, uniform over the table, at magnitude bin `bins[i]`, sign at random."""
         n, _, height, width = images.shape
-        names = list(self.space)
+        space = self.space
+        names = list(space)
         chosen = torch.randint(len(names), (n,))
         negative = torch.rand(n) <= 0.5  # v2 negates a signed magnitude when rand() <= 0.5
         out = images.clone()
@@ -129,7 +140,7 @@ class BatchAugment:
             members = (chosen == k).nonzero()[:, 0]
             if not len(members) or name == "Identity":
                 continue
-            magnitudes_fn, signed = self.space[name]
+            magnitudes_fn, signed = space[name]
             table = magnitudes_fn(MAGNITUDE_BINS, height, width)
             magnitude = table[bins[members]].double() if table is not None else torch.zeros(len(members))
             if signed:

@@ -21,7 +21,7 @@ from typing_extensions import override
 
 from project.config_checks import fraction, positive_int, require
 from project.data.batch_augment import BatchAugment
-from project.data.cache import DecodedImages, auto_cache, decode_all
+from project.data.cache import AUTO_MAX_PIXELS, DecodedImages, auto_cache, decode_all
 from project.data.dataset import (
     CachedBatches,
     FileDataset,
@@ -166,11 +166,12 @@ class ImageDataModule(L.LightningDataModule):
                 free memory. auto: `fit` caches (and says so in one line) when the images average at
                 most 128x128 pixels and the decoded train + val of every process on the machine take
                 at most a quarter of the available memory; otherwise, and in other commands, not.
-            batch_augment: When the training images are cached and all of one size, crop, flip and
-                auto-augment them a whole batch at a time in the loader workers (the same operations
-                and distributions as the per-image transforms, within one grey level; several times
-                faster on small images: data/batch_augment.py). false: torchvision's per-image
-                transforms, as for uncached data.
+            batch_augment: When the training images are cached and all of one size of at most
+                128x128 pixels, crop, flip and auto-augment them a whole batch at a time in the
+                loader workers (the same operations and distributions as the per-image transforms,
+                each step within one grey level of theirs; several times faster on small images:
+                data/batch_augment.py). false: torchvision's per-image transforms, as for uncached
+                data.
         """
         super().__init__()
         check_recipe_options(mixup_alpha, cutmix_alpha, balance, labels_csv)
@@ -313,10 +314,15 @@ class ImageDataModule(L.LightningDataModule):
         return bool(trainer.strategy.broadcast(enabled, src=0)) if trainer is not None else enabled
 
     def _train_dataset(self, cache: bool) -> Dataset:
-        """The training split: augmented a batch at a time when cached with one image size."""
+        """The training split: augmented a batch at a time when cached with one small image size.
+
+        Small: at most AUTO_MAX_PIXELS, where it was measured to pay; the resize matrices span the
+        whole source image, so on large images the per-image crop (which reads only the crop) wins.
+        """
         dataset = self._labelled("train", self.train_transform, cache)
         decoded = self.decoded.get("train")
-        if self.batch_augment and decoded is not None and uniform_shape(decoded) is not None:
+        shape = uniform_shape(decoded) if decoded is not None else None
+        if self.batch_augment and shape is not None and shape[1] * shape[2] <= AUTO_MAX_PIXELS:
             if self.trainer is None or self.trainer.is_global_zero:
                 print("Augmenting the cached training images a batch at a time (--data.batch_augment).")
             return CachedBatches(dataset.index, decoded, self.train_batch_transform)

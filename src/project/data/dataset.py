@@ -85,7 +85,10 @@ class CachedBatches(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int | torch.Tensor] | None:
         batch = self.__getitems__([i])
-        return None if batch is None else (batch[0][0], batch[1][0])
+        if batch is None:
+            return None
+        label = batch[1][0]
+        return batch[0][0], (label if label.ndim else int(label))  # as ImageDataset returns it
 
 
 def uniform_shape(cache: DecodedImages) -> torch.Size | None:
