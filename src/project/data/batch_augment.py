@@ -42,7 +42,6 @@ from project.data.transforms import AutoAugment
 MAGNITUDE_BINS = 31  # torchvision's default for both TrivialAugmentWide and RandAugment
 RANDAUGMENT_OPS, RANDAUGMENT_MAGNITUDE = 2, 9  # RandAugment's defaults
 AFFINE = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
-GREY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
 class BatchAugment:
@@ -193,8 +192,8 @@ def apply(name: str, images: torch.Tensor, magnitude: torch.Tensor) -> torch.Ten
 
 
 def _grey(images: torch.Tensor) -> torch.Tensor:
-    r, g, b = images.unbind(dim=-3)
-    return r.mul(GREY[0]).add_(g, alpha=GREY[1]).add_(b, alpha=GREY[2]).unsqueeze(-3).floor_()
+    """v2's grey image for Color and Contrast: its weights, floored (uint8 truncation is the floor)."""
+    return F.rgb_to_grayscale(images).float()
 
 
 def _blend(images: torch.Tensor, other: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
