@@ -9,15 +9,23 @@ checkpoint is never deleted before the one replacing it is complete, and after a
 nothing more is written or removed: the failure is raised on the training thread at the next save,
 removal or load, or when the trainer tears down (before `on_fit_end`, so what runs then, the export
 of the best checkpoint, reads complete files).
+
+A removal is the file's alone: a path that is not a file (a folder, whatever Lightning's own
+`fs.rm(recursive=True)` would take whole), or not directly in one of the run's checkpoint folders
+(`folders`, which the Trainer sets), is left in place with a warning. Those paths come from a
+checkpoint's callback state, which may have been written anywhere (project.callbacks.checkpoint_paths).
 """
 
 from __future__ import annotations
 
 import errno
 import io
+import os
 import pickle
 import re
 import shutil
+import warnings
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -62,6 +70,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._thread: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
         self._error: BaseException | None = None
+        # the checkpoint folders of the run (ModelCheckpoint.dirpath, known once the trainer is set up);
+        # None: this IO is used without our Trainer, and only the is-a-file test applies
+        self.folders: Callable[[], Iterable[str]] | None = None
 
     @override
     def save_checkpoint(
@@ -78,7 +89,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     @override
     def remove_checkpoint(self, path: Any) -> None:
-        self._run(super().remove_checkpoint, path)
+        if not _is_local_file_protocol(path):
+            return self._run(super().remove_checkpoint, path)
+        folders = None if self.folders is None else {os.path.realpath(f) for f in self.folders()}
+        self._run(_remove_file, Path(path), folders)
 
     def wait(self) -> None:
         """Block until every write and removal asked for is done; raise the first that failed."""
@@ -140,6 +154,20 @@ def _write(path: Path, buffer: io.BytesIO) -> None:
         if e.errno in DISK_FULL:
             raise disk_full(path, buffer.getbuffer().nbytes) from None
         raise
+
+
+def _remove_file(path: Path, folders: set[str] | None) -> None:
+    """Remove the file (or symlink) `path` if it lies directly in one of `folders`; else warn and keep it."""
+    if not os.path.lexists(path):
+        return
+    if not (path.is_symlink() or path.is_file()):
+        reason = "it is not a file"
+    elif folders is not None and os.path.realpath(path.parent) not in folders:
+        reason = f"it is outside the run's checkpoint folder ({', '.join(sorted(folders)) or 'none'})"
+    else:
+        path.unlink()  # a symlink (`last.ckpt` with save_last="link"): the link, never its target
+        return
+    warnings.warn(f"Checkpoint removal of '{path}' refused: {reason}. It was left in place.", stacklevel=1)
 
 
 def disk_full(path: Path, size: int) -> DiskFullError:

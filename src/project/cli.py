@@ -15,6 +15,7 @@ from typing_extensions import override
 from project.atomic import remove_partials
 from project.callbacks import (
     EMA,
+    CheckpointPaths,
     ConfusionMatrix,
     DataCheck,
     ExportBest,
@@ -83,8 +84,9 @@ CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
     "throughput": (Throughput, {}),
     "hparams": (HParams, {}),
 }
-# Always on, without flags: the exact-resume RNG state and the clean stop on Ctrl-C/SIGTERM.
-BUILT_IN: tuple[type[Callback], ...] = (RNGState, GracefulStop)
+# Always on, without flags: the exact-resume RNG state, the clean stop on Ctrl-C/SIGTERM, and the
+# check of the file paths a resumed checkpoint's ModelCheckpoint state names.
+BUILT_IN: tuple[type[Callback], ...] = (RNGState, GracefulStop, CheckpointPaths)
 
 
 class ProjectCLI(LightningCLI):

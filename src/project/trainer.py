@@ -32,6 +32,13 @@ class Trainer(L.Trainer):
         if not any(isinstance(p, CheckpointIO) for p in plugins):  # a user's own CheckpointIO wins
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         super().__init__(*args, **kwargs)
+        checkpoint_io = self.strategy.checkpoint_io
+        if isinstance(checkpoint_io, AtomicCheckpointIO):  # it removes files in these folders only
+            checkpoint_io.folders = self.checkpoint_folders
+
+    def checkpoint_folders(self) -> list[str]:
+        """The folders the ModelCheckpoint callbacks write to (set once the trainer is set up)."""
+        return [str(callback.dirpath) for callback in self.checkpoint_callbacks if callback.dirpath]
 
     @override
     def fit(self, *args: Any, **kwargs: Any) -> None:

@@ -1,5 +1,6 @@
 """Callbacks: one file per callback."""
 
+from project.callbacks.checkpoint_paths import CheckpointPaths
 from project.callbacks.confusion_matrix import ConfusionMatrix
 from project.callbacks.data_check import DataCheck
 from project.callbacks.ema import EMA
@@ -16,6 +17,7 @@ from project.callbacks.training_images import TrainingImages
 
 __all__ = [
     "EMA",
+    "CheckpointPaths",
     "ConfusionMatrix",
     "DataCheck",
     "ExportBest",
