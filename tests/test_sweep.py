@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy
 import torch
 import yaml
+from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
 
 import project
@@ -29,7 +30,7 @@ from project.callbacks.sweep_trial import ENV, PRUNED_AT, SweepTrial
 from project.errors import UserError
 from project.sweep import command
 from project.sweep.settings import parse_argv
-from tests.helpers import fast_args, run_cli, tiny_trainer
+from tests.helpers import exit_status, fast_args, run_cli, tiny_trainer
 
 SPACE = {
     "model.optimizer.init_args.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
@@ -243,12 +244,103 @@ def test_last_slot_taken_by_another_process(workdir: Path, monkeypatch: pytest.M
     assert len(s.study.get_trials()) == 2
 
 
-def test_summary_without_complete_trial(workdir: Path) -> None:
+def test_summary_without_complete_trial(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parsed = parse_argv(["--config", str(sweep_config(workdir)), "--summary"])
+    command.open_study(parsed.sweep)
     with pytest.raises(SystemExit) as e:
         command.main(["--config", str(sweep_config(workdir)), "--summary"])
     assert e.value.code == 2
+    assert "error: Study 'tiny' has no complete trial yet." in capsys.readouterr().err
     assert not (workdir / "logs" / parsed.sweep.name / "best.yaml").exists()
+
+
+def summary(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`sweep ARGS --summary` in this process: (exit status, stderr)."""
+    status = exit_status(command.main, *args, "--summary")
+    return status, capsys.readouterr().err
+
+
+EVIL = "trainer:\n  callbacks:\n  - class_path: os.system\n    init_args: {command: touch marker}\n"
+
+
+def test_best_yaml_is_built_from_the_local_config_and_the_trials_parameters(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The config stored with the best trial (anyone who can write the study storage controls it) is
+    never copied: best.yaml is the sweep config and flags given to --summary plus the trial's parameters."""
+    monkeypatch.setattr(command, "run_fit", fake_fit({0: 0.5}))
+    s = sweeper(workdir)
+    s.run()
+    best = s.study.best_trial
+    with sqlalchemy.create_engine("sqlite:///logs/tiny/study.db").begin() as db:  # as anyone with access can
+        db.execute(
+            sqlalchemy.text("UPDATE trial_user_attributes SET value_json = :v WHERE key = 'config'"),
+            {"v": json.dumps(EVIL)},
+        )
+    stored = optuna.load_study(study_name="tiny", storage="sqlite:///logs/tiny/study.db")
+    assert stored.best_trial.user_attrs["config"] == EVIL
+    config = str(sweep_config(workdir))
+    status, err = summary(capsys, "--config", config, "--trainer.max_epochs=7")
+    assert status == 0, err
+    text = (workdir / "logs" / "tiny" / "best.yaml").read_text()
+    assert "os.system" not in text
+    written = yaml.safe_load(text)
+    assert written["trainer"]["max_epochs"] == 7  # the flag given to --summary
+    assert written["confusion_matrix"]["enabled"] is False  # the sweep config's own option
+    init_args = written["model"]["optimizer"]["init_args"]
+    assert init_args["lr"] == best.params["model.optimizer.init_args.lr"]
+    assert init_args["weight_decay"] == best.params["model.optimizer.init_args.weight_decay"]
+    assert "name" not in written and written["checkpoint"]["dirpath"] is None
+
+
+@pytest.mark.parametrize(
+    ("params", "attrs", "message"),
+    [
+        (  # a searched option outside its range
+            {"model.optimizer.init_args.lr": (5.0, FloatDistribution(1e-4, 9, log=True))},
+            {},
+            "has model.optimizer.init_args.lr=5.0, which sweep.space.model.optimizer.init_args.lr",
+        ),
+        (  # an option the sweep does not search
+            {"trainer.callbacks": ("os.system", CategoricalDistribution(["os.system"]))},
+            {},
+            "has the parameters ['model.optimizer.init_args.lr', 'model.optimizer.init_args.weight_decay', "
+            "'trainer.callbacks'], but sweep.space searches",
+        ),
+        (  # a run name leading elsewhere
+            {},
+            {"run": "../../../etc"},
+            "records its run as '../../../etc'; this sweep names it 'tiny/trial-0001'",
+        ),
+    ],
+)
+def test_summary_refuses_a_best_trial_the_sweep_cannot_have_written(
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    params: dict,
+    attrs: dict,
+    message: str,
+) -> None:
+    """A trial added to a shared study storage by someone else, better than every real one."""
+    monkeypatch.setattr(command, "run_fit", fake_fit({0: 0.5}))
+    s = sweeper(workdir)
+    s.run()
+    real = s.study.best_trial
+    planted = {**real.params, **{k: v for k, (v, _) in params.items()}}
+    distributions = {**real.distributions, **{k: d for k, (_, d) in params.items()}}
+    s.study.add_trial(
+        optuna.trial.create_trial(
+            params=planted,
+            distributions=distributions,
+            value=1.0,
+            user_attrs={"run": "tiny/trial-0001", "config": EVIL, **attrs},
+        )
+    )
+    status, err = summary(capsys, "--config", str(sweep_config(workdir)))
+    assert status == 2
+    assert f"error: Trial 1 of study 'tiny' {message}" in err and err.count("Fix:") == 1
+    assert not (workdir / "logs" / "tiny" / "best.yaml").exists()
 
 
 # The fit side: SweepTrial in a real Trainer.
@@ -384,7 +476,8 @@ def test_two_processes_one_killed_then_rerun(workdir: Path, shapes_root: Path) -
     assert "name" not in best and best["checkpoint"]["dirpath"] is None
     assert best["model"]["optimizer"]["init_args"]["lr"] == study.best_params["model.optimizer.init_args.lr"]
     assert all(
-        c["class_path"] != "project.callbacks.sweep_trial.SweepTrial" for c in best["trainer"]["callbacks"]
+        c["class_path"] != "project.callbacks.sweep_trial.SweepTrial"
+        for c in best["trainer"]["callbacks"] or []
     )
     assert (folder / "optimization_history.png").stat().st_size > 1000
     assert (folder / "parallel_coordinate.png").stat().st_size > 1000

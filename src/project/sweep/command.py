@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import difflib
-import io
 import json
 import logging
 import os
@@ -27,7 +25,6 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +34,22 @@ except ImportError:  # Windows: one process per study file
     fcntl = None
 
 import optuna
-import yaml
 from optuna.trial import TrialState
 
 from project.callbacks.sweep_trial import ENV, PRUNED_AT
 from project.errors import UserError, user_message
 from project.runs import LOGS
-from project.sweep.settings import Command, Sweep, flag, make_pruner, parse_argv, rdb_storage, suggest
+from project.sweep.options import check_space_keys, fit_options
+from project.sweep.settings import (
+    Command,
+    Sweep,
+    flag,
+    make_pruner,
+    parse_argv,
+    rdb_storage,
+    run_name,
+    suggest,
+)
 from project.sweep.summary import summarize
 
 CALLBACK = "project.callbacks.sweep_trial.SweepTrial"
@@ -69,11 +75,6 @@ class _OneLine(logging.Filter):
 
 
 logging.getLogger("optuna.study._optimize").addFilter(_OneLine())
-
-
-def run_name(study: str, number: int) -> str:
-    """logs/<study>/trial-0007 and checkpoints/<study>/trial-0007: the trial's run."""
-    return f"{study}/trial-{number:04d}"
 
 
 def open_study(sweep: Sweep) -> optuna.Study:
@@ -159,47 +160,6 @@ def _masked(url: str) -> str:
         return url
 
 
-def fit_options(fit_args: list[str]) -> dict[str, Any]:
-    """The resolved config fit would run with these arguments (`fit --print_config`), parsed here.
-
-    A mistake in the fit options is reported by fit's own parser now, before any trial starts.
-    """
-    from project.cli import main as fit_main
-
-    out = io.StringIO()
-    try:
-        with redirect_stdout(out):
-            fit_main(["fit", *fit_args, "--print_config"])
-    except SystemExit as e:
-        if e.code not in (0, None):
-            raise  # fit's parser already said what is wrong
-    return yaml.safe_load(out.getvalue()) or {}
-
-
-def check_space_keys(command: Command, options: dict[str, Any]) -> None:
-    """Every searched option is one of fit's, and no fit flag also sets it."""
-    known = sorted(_dotted(options))
-    for key in command.sweep.space:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
-            hint = f"did you mean '{close[0]}'?" if close else "use a key that `fit --print_config` shows."
-            raise UserError(f"sweep.space: '{key}' is not an option of fit.", hint)
-        if any(a == f"--{key}" or a.startswith(f"--{key}=") for a in command.fit_args):
-            raise UserError(
-                f"--{key} is given as a flag, and it is searched (sweep.space.{key}).",
-                "remove the flag, or the key from sweep.space.",
-            )
-
-
-def _dotted(tree: dict[str, Any], prefix: str = "") -> set[str]:
-    keys = set()
-    for key, value in tree.items():
-        keys.add(prefix + key)
-        if isinstance(value, dict):
-            keys |= _dotted(value, f"{prefix}{key}.")
-    return keys
-
-
 class Sweeper:
     """Runs trials in this process until the study has its finished trials."""
 
@@ -262,7 +222,7 @@ class Sweeper:
         )
         code, tail = run_fit(self.trial_args(run, params), self.trial_env(trial))
         config = LOGS / run / "config.yaml"
-        if config.is_file():  # kept in the storage too: the summary may run on another machine
+        if config.is_file():  # for reference (who ran what): the summary never runs a stored config
             trial.set_user_attr("config", config.read_text())
         if code == 2:
             raise UserError(
@@ -345,7 +305,7 @@ def main(argv: list[str]) -> None:
         if not command.summary:
             check_space_keys(command, fit_options(command.fit_args))
             Sweeper(command, study).run()
-        summarize(study, command.sweep)
+        summarize(study, command)
     except UserError as e:
         print(f"error: {user_message(e)}", file=sys.stderr)
         sys.exit(2)

@@ -277,6 +277,11 @@ def suggest(trial: optuna.Trial, space: dict[str, dict[str, Any]]) -> dict[str, 
     return values
 
 
+def run_name(study: str, number: int) -> str:
+    """logs/<study>/trial-0007 and checkpoints/<study>/trial-0007: the trial's run."""
+    return f"{study}/trial-{number:04d}"
+
+
 def flag(key: str, value: Any) -> str:
     """`--key=value` as fit reads it: strings as they are, everything else as JSON (true, null, 0.001)."""
     return f"--{key}={value if isinstance(value, str) else json.dumps(value)}"

@@ -1,4 +1,9 @@
-"""The study so far: its best trial as logs/<study>/best.yaml and a ready fit command, and its pictures."""
+"""The study so far: its best trial as logs/<study>/best.yaml and a ready fit command, and its pictures.
+
+best.yaml is built here, from this command's sweep config and fit flags plus the best trial's
+parameters (each checked against sweep.space): the study storage may be a shared database that others
+can write, so a config stored there (class paths included) is never what the user is told to run.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +19,16 @@ from optuna.trial import TrialState
 from project.atomic import atomic_write
 from project.errors import UserError
 from project.runs import LOGS
+from project.sweep.options import check_run_name, check_space_keys, fit_options, trial_params
+from project.sweep.settings import Command, flag
 
 CALLBACK_CLASS = "SweepTrial"  # project.callbacks.sweep_trial: meaningless outside a sweep
 PICTURES = ("optimization_history", "param_importances", "parallel_coordinate")
 
 
-def summarize(study: optuna.Study, sweep: Any) -> Path:
+def summarize(study: optuna.Study, command: Command) -> Path:
     """Print the best trial and its fit command; write best.yaml and the PNGs into logs/<study>/."""
+    sweep = command.sweep
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not complete:
         raise UserError(
@@ -28,16 +36,16 @@ def summarize(study: optuna.Study, sweep: Any) -> Path:
             "run the sweep (the same command without --summary) until a trial completes.",
         )
     best = study.best_trial
+    run = check_run_name(best, sweep)
+    params = trial_params(best, sweep)
+    config = best_config(command, params)
     folder = LOGS / sweep.name
     folder.mkdir(parents=True, exist_ok=True)
-    best_yaml = write_best_config(best, folder / "best.yaml", sweep)
+    best_yaml = write_best_config(config, best, folder / "best.yaml", sweep)
     counts = {s.name.lower(): n for s in TrialState if (n := len(study.get_trials(False, states=(s,))))}
     print(f"\nstudy {sweep.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    print(
-        f"best: trial {best.number} ({LOGS / best.user_attrs.get('run', '?')}), "
-        f"{sweep.metric}={best.value:.4f}"
-    )
-    for key, value in best.params.items():
+    print(f"best: trial {best.number} ({LOGS / run}), {sweep.metric}={best.value:.4f}")
+    for key, value in params.items():
         print(f"  {key}: {value}")
     print(f"run it:  python -m project fit --config {best_yaml}")
     for note in write_pictures(study, folder):
@@ -45,22 +53,15 @@ def summarize(study: optuna.Study, sweep: Any) -> Path:
     return best_yaml
 
 
-def write_best_config(best: optuna.trial.FrozenTrial, path: Path, sweep: Any) -> Path:
-    """The best trial's resolved config, less what belongs to that one run (its name, its folders)."""
-    text = best.user_attrs.get("config")
-    run_config = LOGS / best.user_attrs.get("run", "-") / "config.yaml"
-    if text is None and run_config.is_file():
-        text = run_config.read_text()
-    if text is None:
-        raise UserError(
-            f"Trial {best.number} (the best) has no saved config in the study nor at '{run_config}'.",
-            "run the summary on the machine that ran that trial.",
-        )
-    config = yaml.safe_load(text)
+def best_config(command: Command, params: dict[str, Any]) -> dict[str, Any]:
+    """The config fit resolves from this command's configs and flags plus `params`, less what belongs to
+    one run (its name, its folders) and to a sweep trial (its callback)."""
+    config = fit_options([*command.fit_args, *(flag(key, value) for key, value in params.items())])
+    check_space_keys(command, config)
     for key in ("name", "ckpt_path"):
         config.pop(key, None)
     if isinstance(config.get("checkpoint"), dict):
-        config["checkpoint"]["dirpath"] = None  # checkpoints/<new run>/, not the trial's folder
+        config["checkpoint"]["dirpath"] = None  # checkpoints/<new run>/
     trainer = config.get("trainer") or {}
     logger = trainer.get("logger")
     if isinstance(logger, dict) and isinstance(logger.get("init_args"), dict):
@@ -71,8 +72,14 @@ def write_best_config(best: optuna.trial.FrozenTrial, path: Path, sweep: Any) ->
             c for c in trainer["callbacks"]
             if not (isinstance(c, dict) and str(c.get("class_path", "")).endswith(CALLBACK_CLASS))
         ]  # fmt: skip
+    return config
+
+
+def write_best_config(config: dict[str, Any], best: optuna.trial.FrozenTrial, path: Path, sweep: Any) -> Path:
+    """`config` as logs/<study>/best.yaml, with a header saying which trial it is and how it was built."""
     header = (
         f"# Best trial of sweep '{sweep.name}': trial {best.number}, {sweep.metric}={best.value:.6g}.\n"
+        "# Built from the sweep config and fit flags given to --summary, plus the trial's parameters.\n"
         f"# python -m project fit --config {path}\n"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
