@@ -343,6 +343,60 @@ def test_summary_refuses_a_best_trial_the_sweep_cannot_have_written(
     assert not (workdir / "logs" / "tiny" / "best.yaml").exists()
 
 
+def test_summary_of_a_study_that_does_not_exist_creates_nothing(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(command, "run_fit", fake_fit({0: 0.5}))
+    sweeper(workdir).run()  # study 'tiny' in logs/tiny/study.db
+    config = str(sweep_config(workdir))
+    status, err = summary(capsys, "--config", config, "--sweep.name=tiyn")
+    assert status == 2
+    assert "error: --summary: study 'tiyn' does not exist in 'logs/tiyn/study.db' (no such file)" in err
+    assert "Fix: did you mean 'tiny'? Pass --sweep.name=tiny." in err
+    assert not (workdir / "logs" / "tiyn").exists()
+    # a storage that exists, without that study: it is not added
+    storage = "--sweep.storage=logs/tiny/study.db"
+    status, err = summary(capsys, "--config", config, "--sweep.name=other", storage)
+    assert status == 2
+    assert "study 'other' does not exist in 'sqlite:///logs/tiny/study.db'; nothing was created" in err
+    assert "the studies there: 'tiny'; pass one with --sweep.name." in err
+    assert optuna.get_all_study_names("sqlite:///logs/tiny/study.db") == ["tiny"]
+
+
+def test_a_study_of_the_same_name_in_another_storage_stops_before_its_first_trial(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both studies would run trial 0 into logs/tiny/trial-0000: said once, before any trial."""
+    monkeypatch.setattr(command, "run_fit", fake_fit({0: 0.5}))
+    sweeper(workdir).run()  # logs/tiny/trial-0000 of the study in logs/tiny/study.db
+    status = exit_status(command.main, "--config", str(sweep_config(workdir)), "--sweep.storage=other.db")
+    err = capsys.readouterr().err
+    assert status == 2
+    assert (
+        "error: 'logs/tiny/trial-0000' exists, but study 'tiny' in 'sqlite:///other.db' has not run that "
+        "trial: another study of the same name"
+    ) in err
+    assert err.count("Fix:") == 1 and "--sweep.name=tiny-2" in err
+    assert optuna.load_study(study_name="tiny", storage="sqlite:///other.db").trials == []
+    # a folder that appears while the sweep runs: that trial fails with the same message
+    (workdir / "logs" / "tiny" / "trial-0001").mkdir()
+    with pytest.raises(
+        UserError, match=r"'logs/tiny/trial-0001' exists, but study 'tiny' in 'sqlite:///logs"
+    ):
+        sweeper(workdir, trials=2).run()
+
+
+def test_a_trials_fit_error_keeps_its_own_fix(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    said = "error: --data.root 'x' does not exist. Fix: pass a folder.\n"
+    monkeypatch.setattr(command, "run_fit", lambda args, env: (2, said))
+    with pytest.raises(UserError) as error:
+        sweeper(workdir).run()
+    assert str(error.value) == (
+        "trial 0's fit stopped on a mistake in its options: --data.root 'x' does not exist. "
+        "Fix: pass a folder. Then run the same sweep command again."
+    )
+
+
 # The fit side: SweepTrial in a real Trainer.
 class Scores(L.LightningModule):
     """Logs val/acc = 0.1 each validation."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import difflib
 import json
 import logging
 import os
@@ -38,7 +39,7 @@ from optuna.trial import TrialState
 
 from project.callbacks.sweep_trial import ENV, PRUNED_AT
 from project.errors import UserError, user_message
-from project.runs import LOGS
+from project.runs import CHECKPOINTS, LOGS
 from project.sweep.options import check_space_keys, fit_options
 from project.sweep.settings import (
     Command,
@@ -77,14 +78,21 @@ class _OneLine(logging.Filter):
 logging.getLogger("optuna.study._optimize").addFilter(_OneLine())
 
 
-def open_study(sweep: Sweep) -> optuna.Study:
-    """Create or load the study in sweep.storage; an unreachable storage is one UserError."""
+def open_study(sweep: Sweep, create: bool = True) -> optuna.Study:
+    """Create or load the study in sweep.storage; an unreachable storage is one UserError.
+
+    `create` false (--summary): load it, or fail naming the studies there, creating nothing (no
+    database file, no study).
+    """
     import sqlalchemy
 
     url = sweep.storage
+    if not create:
+        _database_exists(sweep)
     for attempt in range(SCHEMA_TRIES):
         try:
-            with _schema_lock(url), warnings.catch_warnings():
+            lock = _schema_lock(url) if create else contextlib.nullcontext()
+            with lock, warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 storage = rdb_storage(
                     url,
@@ -94,6 +102,10 @@ def open_study(sweep: Sweep) -> optuna.Study:
                         max_retry=1
                     ),
                 )
+                if not create:
+                    names = optuna.get_all_study_names(storage)
+                    if sweep.name not in names:
+                        raise _no_study(sweep, names, f"'{_masked(url)}'")
                 study = optuna.create_study(
                     study_name=sweep.name,
                     storage=storage,
@@ -119,6 +131,37 @@ def open_study(sweep: Sweep) -> optuna.Study:
 
 
 SCHEMA_TRIES = 4
+
+
+def _database_exists(sweep: Sweep) -> None:
+    """An SQLite study file that is not there is not created to look into: it holds no study."""
+    if not sweep.storage.startswith("sqlite:///"):
+        return
+    database = Path(sweep.storage.removeprefix("sqlite:///"))
+    if not database.is_file():
+        # the default storage of a study is logs/<study>/study.db: the names of those in logs/
+        names = [p.parent.name for p in LOGS.glob("*/study.db")]
+        raise _no_study(sweep, names, f"'{database}' (no such file)", where_names=f"{LOGS}/")
+
+
+def _no_study(sweep: Sweep, names: list[str], where: str, where_names: str = "there") -> UserError:
+    close = difflib.get_close_matches(sweep.name, names, n=3, cutoff=0.6)
+    if close:
+        hint = f"did you mean {' or '.join(repr(n) for n in close)}? Pass --sweep.name={close[0]}"
+        hint += f" (studies {where_names}: {_names(names)})." if len(names) > len(close) else "."
+    elif names:
+        hint = f"the studies {where_names}: {_names(names)}; pass one with --sweep.name."
+    else:
+        hint = f"there is no study {where_names}; run the sweep without --summary to start '{sweep.name}'."
+    return UserError(
+        f"--summary: study '{sweep.name}' does not exist in {where}; nothing was created.",
+        f"{hint} Check sweep.storage too: a study is found in the storage that ran it.",
+    )
+
+
+def _names(names: list[str], most: int = 20) -> str:
+    shown = ", ".join(repr(n) for n in sorted(names)[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 @contextlib.contextmanager
@@ -213,6 +256,9 @@ class Sweeper:
             raise Surplus(f"the study's {self.sweep.trials} trials were taken by other processes")
         params = suggest(trial, self.sweep.space)
         run = run_name(self.sweep.name, trial.number)
+        for folder in (LOGS / run, CHECKPOINTS / run):
+            if folder.exists():  # this trial is new: another study of the same name wrote the folder
+                raise _collision(self.sweep, folder)
         trial.set_user_attr("run", run)
         trial.set_user_attr("host", f"{socket.gethostname()} pid {os.getpid()}")
         print(
@@ -225,9 +271,12 @@ class Sweeper:
         if config.is_file():  # for reference (who ran what): the summary never runs a stored config
             trial.set_user_attr("config", config.read_text())
         if code == 2:
+            problem, _, fix = _last_error(tail).partition(" Fix: ")  # fit's own fix, said once
             raise UserError(
-                f"trial {trial.number}'s fit stopped on a mistake in its options: {_last_error(tail)}",
-                "fix the sweep config or the fit flags, then run the same command again.",
+                f"trial {trial.number}'s fit stopped on a mistake in its options: {problem}",
+                f"{fix} Then run the same sweep command again."
+                if fix
+                else "fix the sweep config or the fit flags, then run the same command again.",
             )
         if code != 0:
             raise TrialFailed(f"its fit ended with {_exit(code)}; output in {LOGS / run}")
@@ -258,6 +307,31 @@ class Sweeper:
         package_root = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         return {**os.environ, ENV: json.dumps(spec), "PYTHONPATH": path}
+
+
+def check_run_folders(study: optuna.Study, sweep: Sweep) -> None:
+    """No trial folder in logs/<study>/ or checkpoints/<study>/ is one this study has not had yet.
+
+    Trial numbers count from 0 in each study: a study of the same name in another storage (or in a
+    study database deleted since) would run its trials into the same folders, and fit refuses a run
+    that exists, so each of its trials would fail. Said here, before a trial starts.
+    """
+    found = [f for root in (LOGS, CHECKPOINTS) for f in sorted((root / sweep.name).glob("trial-*"))]
+    count = len(study.get_trials(deepcopy=False))  # after the folders: a trial's folder follows it
+    for folder in found:
+        number = folder.name.removeprefix("trial-")
+        if number.isdigit() and int(number) >= count:
+            raise _collision(sweep, folder)
+
+
+def _collision(sweep: Sweep, folder: Path) -> UserError:
+    return UserError(
+        f"'{folder}' exists, but study '{sweep.name}' in '{_masked(sweep.storage)}' has not run that "
+        "trial: another study of the same name (in another storage, or a study database deleted since) "
+        f"wrote its trials into {LOGS / sweep.name} and {CHECKPOINTS / sweep.name}.",
+        f"give this study its own name (e.g. --sweep.name={sweep.name}-2), or continue the other study "
+        "with the sweep.storage it was run with; or move those two folders away.",
+    )
 
 
 def run_fit(args: list[str], env: dict[str, str]) -> tuple[int, str]:
@@ -301,9 +375,10 @@ def main(argv: list[str]) -> None:
         return
     try:
         command = parse_argv(list(argv))
-        study = open_study(command.sweep)
+        study = open_study(command.sweep, create=not command.summary)
         if not command.summary:
             check_space_keys(command, fit_options(command.fit_args))
+            check_run_folders(study, command.sweep)
             Sweeper(command, study).run()
         summarize(study, command)
     except UserError as e:
