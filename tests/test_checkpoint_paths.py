@@ -7,8 +7,10 @@ import os
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
+from project.callbacks.checkpoint_paths import PATH_KEYS, trusted_state
 from project.checkpoint_io import AtomicCheckpointIO
 from tests.helpers import fast_args, run_cli
 
@@ -94,3 +96,37 @@ def test_the_checkpoint_io_removes_only_files_of_the_run(tmp_path: Path) -> None
     io.remove_checkpoint(str(link))  # the link only, never what it points at
     io.remove_checkpoint(str(own))
     assert not link.is_symlink() and not own.exists() and target.read_text() == "keep me"
+
+
+def test_a_runs_own_paths_are_kept_and_the_top_k_stays_consistent(tmp_path: Path) -> None:
+    """A resume of the run itself keeps its state as it is; a dropped path is replaced as Lightning would."""
+    run = tmp_path / "checkpoints" / "r"
+    run.mkdir(parents=True)
+    files = [run / f"epoch={e:03d}.ckpt" for e in range(3)]
+    for file in [*files, run / "last.ckpt"]:
+        file.write_bytes(b"x")
+    state = {
+        "monitor": "val/acc",
+        "best_model_score": torch.tensor(0.3),
+        "best_model_path": str(files[2]),
+        "dirpath": str(run),
+        "best_k_models": {str(f): torch.tensor(0.1 * (i + 1)) for i, f in enumerate(files)},
+        "kth_best_model_path": str(files[0]),
+        "kth_value": torch.tensor(0.1),
+        "last_model_path": str(run / "last.ckpt"),
+    }
+    clean, dropped = trusted_state(state, str(run), "max")
+    assert dropped == []
+    assert {k: clean[k] for k in PATH_KEYS} == {k: state[k] for k in PATH_KEYS}
+    assert list(clean["best_k_models"]) == list(state["best_k_models"])
+    assert float(clean["kth_value"]) == pytest.approx(0.1)
+    assert float(clean["best_model_score"]) == pytest.approx(0.3)
+
+    outside = str(tmp_path / "notes.txt")
+    scores = {outside: torch.tensor(-1.0), str(files[1]): torch.tensor(0.2), str(files[2]): 0.3}
+    state["best_k_models"] = scores
+    state["kth_best_model_path"] = outside
+    clean, dropped = trusted_state(state, str(run), "max")
+    assert dropped == [outside]
+    assert clean["kth_best_model_path"] == str(files[1]) and float(clean["kth_value"]) == pytest.approx(0.2)
+    assert list(clean["best_k_models"]) == [str(files[1]), str(files[2])]
