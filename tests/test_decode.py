@@ -170,3 +170,29 @@ def test_the_aspect_ratio_limit_holds_for_jpeg_headers_and_admits_100_to_1(tmp_p
         load_rgb(tmp_path / "tall.jpg")
     Image.new("RGB", (MAX_ASPECT_RATIO * 2, 2)).save(tmp_path / "wide.jpg")
     assert tuple(load_rgb(tmp_path / "wide.jpg").shape) == (3, 2, 200)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"P3\n300 300\n255\n" + b"255 255 255\n" * 90_000, "plain (ASCII) Netpbm file (P3)"),
+        (b"P1\n800 800\n" + b"0 1\n" * 320_000, "plain (ASCII) Netpbm file (P1)"),
+        (b"P6\n#" + b"x" * 2_000_000 + b"\n2 2\n255\n" + bytes(12), "binary Netpbm file (P6)"),
+    ],
+)
+def test_netpbm_that_pillow_parses_a_byte_at_a_time_is_refused_from_its_first_bytes(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    path = tmp_path / "hostile.ppm"
+    path.write_bytes(content)
+    started = time.perf_counter()
+    with pytest.raises(BadImageError, match=r"header of at most 1024 bytes") as refused:
+        read_rgb(path)
+    assert time.perf_counter() - started < 0.1  # Pillow took 0.3 to 1 s on each of these
+    assert reason in refused.value.reason and refused.value.kind == "format"
+
+
+def test_binary_netpbm_with_a_header_comment_is_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "small.ppm"
+    path.write_bytes(b"P6 # made by hand\n2 1\n255\n" + bytes([255, 0, 0, 0, 0, 255]))
+    assert read_rgb(path).tolist() == [[[255, 0, 0], [0, 0, 255]]]

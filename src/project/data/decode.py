@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 import struct
 from collections.abc import Callable
@@ -33,6 +34,13 @@ _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 # Resizing the short side to the model's input lets the long side grow with the aspect ratio: a
 # 2 KB PNG of 1x1,000,000 pixels became a 7 GB resize. Photos, panoramas and web banners stay far below.
 MAX_ASPECT_RATIO = 100
+
+# Netpbm as Pillow reads it costs Python work per byte: header comments are skipped a byte at a
+# time and plain (P1-P3) pixels are parsed in Python (a 15 MB plain PPM held a core for about a
+# minute, within every pixel and body limit). Only binary Netpbm (P4-P6) is opened, and only when
+# its header (magic, sizes, maxval, comments) ends within NETPBM_HEADER_BYTES.
+NETPBM_HEADER_BYTES = 1024
+_NETPBM_HEADER = re.compile(rb"P[456](?:(?:\s|#[^\r\n]*[\r\n])+\d+){2,3}\s")
 
 JpegDecoder = Callable[[bytes], np.ndarray]  # JPEG bytes -> uint8 [H, W, 3] upright; raises when it cannot
 
@@ -151,9 +159,43 @@ def _check_header(name: str | Path, size: tuple[int, int], max_pixels: int | Non
         )
 
 
+def sniff_format(data: bytes, name: str | Path) -> str:
+    """The format in FORMATS that `data`'s magic bytes announce; BadImageError ("format") otherwise.
+
+    Checked before Pillow parses anything, so that only the one plugin of that format ever sees
+    the bytes (Pillow would try each plugin whose own check accepts them).
+    """
+    head = data[:12]
+    if head.startswith(JPEG_MAGIC):
+        return "JPEG"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if head.startswith((b"GIF87a", b"GIF89a")):
+        return "GIF"
+    if head.startswith(b"BM"):
+        return "BMP"
+    if head.startswith((b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")):  # classic and BigTIFF
+        return "TIFF"
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "WEBP"
+    if _NETPBM_HEADER.match(data[:NETPBM_HEADER_BYTES]):
+        return "PPM"
+    if re.match(rb"P[1-6]", head):
+        kind = "plain (ASCII)" if head[1:2] in b"123" else "binary"
+        reason = (
+            f"it is a {kind} Netpbm file (P{head[1:2].decode()}); only binary Netpbm (P4, P5, P6) with a "
+            f"header of at most {NETPBM_HEADER_BYTES} bytes is read (plain pixels and long header comments "
+            "are parsed a byte at a time); convert it to PNG"
+        )
+        raise bad_image(name, reason, "format")
+    reason = f"cannot identify an image in a format training reads ({', '.join(FORMATS)})"
+    raise bad_image(name, reason, "format")
+
+
 def _decode_with_pil(data: bytes, name: str | Path, max_pixels: int | None) -> tuple[np.ndarray, str]:
+    image_format = sniff_format(data, name)
     try:
-        with Image.open(io.BytesIO(data), formats=FORMATS) as img:  # reads the header only
+        with Image.open(io.BytesIO(data), formats=[image_format]) as img:  # reads the header only
             _check_header(name, img.size, max_pixels)
             img.seek(0)  # first frame of animations
             return _to_rgb_array(ImageOps.exif_transpose(img)), str(img.format)

@@ -215,7 +215,8 @@ def metadata(model: LoadedModel, settings: Settings) -> dict:
         "class_names": classifier.class_names,
         "image_size": classifier.size,
         "task": classifier.task,
-        "input": "an image file (JPEG, PNG, BMP, GIF, TIFF, WebP, PPM): raw body or multipart field 'file'",
+        "input": "an image file (JPEG, PNG, BMP, GIF, TIFF, WebP, binary PPM): "
+        "raw body or multipart field 'file'",
         "batching": {"max_batch_size": settings.max_batch_size, "max_wait_ms": settings.max_wait_ms},
         "limits": asdict(settings.limits),
         "sidecar": public_sidecar(classifier.meta),

@@ -133,8 +133,9 @@ def refusal(error: BadImageError, data: bytes) -> RequestError:
     if error.kind == "format":
         return RequestError(
             415,
-            f"The body ({len(data)} bytes, starting {data[:8]!r}) is not an image in a readable format.",
-            f"send a file in one of {', '.join(FORMATS)}.",
+            f"The body ({len(data)} bytes, starting {data[:8]!r}) is not an image the service reads: "
+            f"{error.reason}.",
+            f"send a file in one of {', '.join(FORMATS)} (Netpbm: binary only).",
         )
     if error.kind == "size":
         return RequestError(
