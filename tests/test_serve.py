@@ -33,9 +33,12 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 from project.deploy.infer import Classifier
-from project.deploy.serve.app import Prepared, run_batch
+from project.deploy.serve import app as serve_app
+from project.deploy.serve.app import Prepared, Settings, run_batch
 from project.deploy.serve.batching import Batcher
+from project.deploy.serve.bodies import Limits
 from project.deploy.serve.command import main as serve_main
+from project.deploy.serve.models import ModelSlot
 
 CLASSES = ["red", "green", "blue", "dark"]
 SRC = str(Path(__file__).parents[1] / "src")  # the code under test, also where it is not installed
@@ -522,12 +525,82 @@ def test_reload_swaps_the_model_and_a_failed_reload_keeps_it(
         assert status == 500 and "links to" in answer["error"]
         assert "links to 'gone.onnx', which does not exist" in answer["error"]
         assert str(tmp_path) not in answer["error"]
+        (tmp_path / "wide.onnx").write_bytes((tmp_path / "run-b.onnx").read_bytes())  # 4 logits
+        sidecar = json.loads((tmp_path / "run-b.json").read_text())
+        sidecar.update(class_names=[*CLASSES, "white"], files={"onnx": "wide.onnx"})
+        (tmp_path / "wide.json").write_text(json.dumps(sidecar))
+        point_latest(tmp_path, "wide")
+        status, answer = request(served.port, "POST", "/reload", headers=AUTHORIZED)
+        assert status == 500 and "still serving version run-a" in answer["error"], answer
+        assert (
+            "Model 'wide.onnx' gives 4 logits per image, but its sidecar 'wide.json' names 5 classes"
+            in (answer["error"])
+        )
+        (tmp_path / "latest.onnx").unlink()  # a link to itself: Path.resolve raises, not a UserError
+        (tmp_path / "latest.onnx").symlink_to("latest.onnx")
+        status, answer = request(served.port, "POST", "/reload", headers=AUTHORIZED)
+        assert status == 500 and "Reload failed; still serving version run-a" in answer["error"], answer
         status, answer = predict(served.port, images["red.jpg"])
         assert status == 200 and answer["version"] == "run-a"
         metrics = request(served.port, "GET", "/metrics")[1]
-        assert (metrics["reloads"], metrics["failed_reloads"]) == (2, 2)
+        assert (metrics["reloads"], metrics["failed_reloads"]) == (2, 4)
+        assert metrics["responses_by_status"]["500"] == 4  # each failed reload's answer
     finally:
         assert served.stop() == 0
+
+
+async def call(app: object, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:
+    """(status, JSON answer) of one request sent to the ASGI app in this process."""
+    sent: list[dict] = []
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"image/jpeg"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    with suppress(RuntimeError):  # Starlette raises an unhandled error again once it has answered 500
+        await app(scope, receive, send)  # type: ignore[operator]
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+
+
+def test_an_unforeseen_error_is_a_json_500_counted_in_metrics(
+    exports: Path, images: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(serve_app, "prepare", broken)
+    limits = Limits(max_body_bytes=2**20, max_pixels=10**6, read_timeout_s=5)
+    settings = Settings(
+        top_k=3, max_batch_size=4, max_wait_ms=1, max_pending=8, decode_threads=1, limits=limits
+    )
+    application = serve_app.create_app(ModelSlot(exports / "latest.onnx"), settings)
+
+    async def scenario() -> tuple[tuple[int, dict], tuple[int, dict]]:
+        return await call(application, "POST", "/predict", images["red.jpg"]), await call(
+            application, "GET", "/metrics"
+        )
+
+    (status, answer), (_, metrics) = asyncio.run(scenario())
+    assert status == 500
+    assert answer == {"error": "Internal error (RuntimeError); the service goes on. See the server log."}
+    assert metrics["responses_by_status"] == {"500": 1}
 
 
 def test_sampler_keeps_requests_within_its_bound(

@@ -234,12 +234,23 @@ class StatusCounter:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
+        started = False
+
         async def counting_send(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.counts[message["status"]] += 1
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            # Starlette answers these outside every added middleware (ServerErrorMiddleware, through
+            # the app's catch-all handler): always a 500, which is counted here
+            if not started:
+                self.counts[500] += 1
+            raise
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -286,6 +297,13 @@ def create_app(
             message = f"Reload failed; still serving version {before}. {user_message(e)}"
             log.error("%s", message)  # the full paths stay in the server's log
             raise RequestError(500, without_folders(message)) from e
+        except Exception as e:  # unforeseen (a link loop raises RuntimeError): answered like the others
+            log.exception("Reload failed; still serving version %s", before)
+            raise RequestError(
+                500,
+                f"Reload failed; still serving version {before}: {type(e).__name__} while loading the model.",
+                "see the server log for the cause, correct the export (or its link), then reload again.",
+            ) from e
         log.info("Reloaded %s: version %s -> %s", slot.model, old.version, new.version)
         return {
             "version": new.version,
