@@ -382,6 +382,25 @@ def test_netpbm_that_pillow_parses_a_byte_at_a_time_gets_a_quick_415(
         assert served.stop() == 0
 
 
+def test_decoded_pixels_count_against_the_memory_budget(server: Server, images: dict[str, bytes]) -> None:
+    """An animated WebP of 1,000 x 1,000 pixels (within --max_pixels): a few kB sent, 27 MB to decode."""
+    frames = [Image.new("RGB", (1000, 1000), colour) for colour in ("red", "green", "blue")]
+    webp = encode(frames[0], "WEBP", save_all=True, append_images=frames[1:])
+    assert len(webp) < 20_000
+    before = rss_mb(server.process.pid)
+    status, answer = predict(server.port, webp, "image/webp")
+    assert status == 413, answer
+    assert answer["error"].startswith(
+        "The image is 1000x1000 pixels: decoding it takes about 26 MB, more than the service's budget of 1 MB"
+    )
+    assert "Fix: send a smaller image" in answer["error"]
+    assert rss_mb(server.process.pid) - before < 10  # refused from the header: nothing was decoded
+    status, answer = predict(server.port, images["red.jpg"])
+    assert status == 200, answer
+    metrics = request(server.port, "GET", "/metrics")[1]
+    assert (metrics["decoding_bytes_held"], metrics["body_bytes_held"]) == (0, 0)
+
+
 def test_a_body_that_never_arrives_times_out(server: Server) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     connection.putrequest("POST", "/predict")
@@ -906,3 +925,20 @@ def test_sampler_queue_holds_at_most_its_bytes(tmp_path: Path) -> None:
     disk.set()
     sampler.close()
     assert sampler.written == 3 and sampler._queued_bytes == 0
+
+
+def test_images_being_decoded_share_the_budget_with_bodies() -> None:
+    from project.deploy.serve.app import BodyBudget
+    from project.deploy.serve.bodies import RequestError
+
+    budget = BodyBudget(1000)
+    first = budget.reserve_decoding(600, 10, 20)
+    with pytest.raises(RequestError, match="holds 600 bytes of request bodies and decoded images") as full:
+        budget.reserve_decoding(600, 10, 20)
+    assert full.value.status == 503 and budget.refused == 1
+    budget.release_decoding(first)
+    assert (budget.held, budget.decoding) == (0, 0)
+    assert budget.reserve_decoding(600, 10, 20) == 600
+    with pytest.raises(RequestError, match="The image is 10x20 pixels") as alone:
+        BodyBudget(1000).reserve_decoding(1001, 10, 20)
+    assert alone.value.status == 413

@@ -121,6 +121,28 @@ def decode_image(
     return _decode_with_pil(data, name, limit)
 
 
+def read_header(data: bytes, name: str | Path, max_pixels: int | None = None) -> tuple[int, int, str]:
+    """(width, height, format) from the header alone, with `decode_image`'s refusals of format and size.
+
+    What a caller needs to know what decoding will cost before any pixel is decoded (serve counts
+    it against its memory budget).
+    """
+    if not data:
+        raise bad_image(name, "the file is empty", "empty")
+    image_format = sniff_format(data, name)
+    size = _jpeg_size(data) if image_format == "JPEG" else None
+    if size is None:
+        try:
+            with Image.open(io.BytesIO(data), formats=[image_format]) as img:  # reads the header only
+                size = img.size
+        except Image.DecompressionBombError as e:
+            raise bad_image(name, str(e), "size") from None
+        except Exception as e:  # Pillow's plugins raise many types on corrupt or hostile data
+            raise bad_image(name, str(e) or type(e).__name__) from None
+    _check_header(name, size, max_pixels if max_pixels is not None else _pillow_limit())
+    return size[0], size[1], image_format
+
+
 def _pillow_limit() -> int | None:
     return None if Image.MAX_IMAGE_PIXELS is None else 2 * Image.MAX_IMAGE_PIXELS
 
