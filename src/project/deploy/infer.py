@@ -31,6 +31,7 @@ from project.data.index import list_images  # numpy only: keeps this module free
 from project.deploy import prediction_csv
 from project.deploy import sidecar as sidecars
 from project.deploy.calibration import UNKNOWN, Calibration
+from project.deploy.sidecar import sidecar_multilabel
 from project.errors import UserError, user_message
 
 
@@ -46,11 +47,6 @@ class Answer(NamedTuple):
     @property
     def class_name(self) -> str:
         return UNKNOWN if self.unknown else self.names[0]
-
-
-def sidecar_multilabel(meta: dict) -> bool:
-    """Whether an export sidecar's model is multi-label (its `task`); without a task: multi-class."""
-    return meta.get("task") == "multilabel"
 
 
 class Classifier:
@@ -116,7 +112,7 @@ class Classifier:
     @property
     def multilabel(self) -> bool:
         """Any number of labels per image (a sigmoid each), as the sidecar's `task` says; else one class."""
-        return self.task == "multilabel"
+        return sidecar_multilabel(self.meta)
 
     def preprocess(self, image: str | Path | bytes | Image.Image) -> np.ndarray:
         """uint8 [3, size, size]: decoded as training decodes, short side resized, centre-cropped.

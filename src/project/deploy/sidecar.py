@@ -25,6 +25,11 @@ MAX_IMAGE_SIZE = 8192  # the resize before the crop stays below this too (a crop
 FIX = "export the checkpoint again with `python -m project export` (or correct the key)."
 
 
+def sidecar_multilabel(meta: Mapping) -> bool:
+    """Whether an export sidecar's model is multi-label (its `task`); without a task: multi-class."""
+    return meta.get("task") == "multilabel"
+
+
 def load(path: Path) -> dict:
     """The sidecar at `path`, checked by `check`; UserError naming the file (and the key) otherwise."""
     try:
@@ -55,7 +60,9 @@ def check(meta: Any, path: Path | str) -> None:
     task = meta.get("task", "multiclass")
     if task not in TASKS:
         refuse("task", f"one of {', '.join(TASKS)}")
-    if task == "multilabel" and not _number(meta.get("threshold", 0.5), 0, 1, low_open=True, high_open=True):
+    if sidecar_multilabel(meta) and not _number(
+        meta.get("threshold", 0.5), 0, 1, low_open=True, high_open=True
+    ):
         refuse("threshold", "a probability between 0 and 1 (exclusive)")
     size = meta.get("image_size")
     if not (isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_IMAGE_SIZE):
