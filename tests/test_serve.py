@@ -350,33 +350,40 @@ def test_bad_requests_get_their_status_and_a_json_error(server: Server, images: 
     assert predict(server.port, images["red.jpg"])[0] == 200
 
 
-def test_netpbm_that_pillow_parses_a_byte_at_a_time_gets_a_quick_415(
+def test_files_that_pillow_parses_a_step_at_a_time_are_refused_at_once(
     exports: Path, images: dict[str, bytes], tmp_path: Path
 ) -> None:
-    """A 15 MB plain PPM and a binary one behind a 15 MB header comment: refused from their first bytes."""
+    """A 15 MB plain PPM, a binary one behind a 15 MB header comment, a PNG of 1M empty chunks, at once."""
     side = 1100  # 1.2 megapixels of "255 255 255": 14.5 MB of text that Pillow would parse in Python
     plain = b"P3\n%d %d\n255\n" % (side, side) + b"255 255 255\n" * (side * side)
     commented = b"P6\n#" + b"x" * 15_000_000 + b"\n2 2\n255\n" + bytes(12)
+    png = encode(Image.new("RGB", (4, 4)), "PNG")
+    chunked = png[:33] + chunk(b"zzZz", b"") * 1_000_000 + png[33:]  # 12 MB
     flags = ["--max_body_mb", "20", "--max_body_memory_mb", "64", "--max_pixels", "2000000"]
     served = Server(exports / "latest.onnx", *flags, log=tmp_path / "server.log")
     try:
 
         def timed(body: bytes) -> tuple[int, dict, float]:
             started = time.monotonic()
-            status, answer = predict(served.port, body, "image/x-portable-pixmap", timeout=30)
+            status, answer = predict(served.port, body, "application/octet-stream", timeout=30)
             return status, answer, time.monotonic() - started
 
-        with ThreadPoolExecutor(3) as pool:
-            hostile = [pool.submit(timed, body) for body in (plain, commented)]
+        with ThreadPoolExecutor(4) as pool:
+            hostile = [pool.submit(timed, body) for body in (plain, commented, chunked)]
             good = pool.submit(timed, images["red.jpg"])
             answers = [future.result() for future in hostile]
         assert good.result()[0] == 200
-        for (status, answer, seconds), kind in zip(
-            answers, ("plain (ASCII) Netpbm file (P3)", "(P6)"), strict=True
-        ):
-            assert status == 415, answer
-            assert kind in answer["error"] and "header of at most 1024 bytes" in answer["error"]
-            assert "Fix: send a file in one of JPEG" in answer["error"]
+        expected = [
+            (
+                415,
+                "plain (ASCII) Netpbm file (P3); only binary Netpbm (P4, P5, P6) with a header of at most",
+            ),
+            (415, "binary Netpbm file (P6); only binary Netpbm (P4, P5, P6) with a header of at most 1024"),
+            (400, "more than 15814 PNG chunks in its 12000069 bytes, which Pillow would read one at a time"),
+        ]
+        for (status, answer, seconds), (code, reason) in zip(answers, expected, strict=True):
+            assert status == code and reason in answer["error"], answer
+            assert "Fix: " in answer["error"]
             assert seconds < 1, seconds  # the old decode held a core for seconds (a minute at 15 MB of P1)
     finally:
         assert served.stop() == 0
