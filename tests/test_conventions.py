@@ -71,7 +71,7 @@ def test_the_task_is_read_in_one_place_and_class_names_fall_back_in_one() -> Non
         for i, line in enumerate(path.read_text().splitlines()):
             if task.search(line) or fallback.search(line):
                 copies.append(f"{path.relative_to(package).as_posix()}:{i + 1}")
-    assert {c.split(":")[0] for c in copies} == {"deploy/infer.py", "model.py"}, copies
+    assert {c.split(":")[0] for c in copies} == {"deploy/sidecar.py", "model.py"}, copies
 
 
 def test_label_names_fall_back_to_label_numbers() -> None:

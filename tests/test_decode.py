@@ -1,4 +1,7 @@
+import io
+import struct
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -170,3 +173,92 @@ def test_the_aspect_ratio_limit_holds_for_jpeg_headers_and_admits_100_to_1(tmp_p
         load_rgb(tmp_path / "tall.jpg")
     Image.new("RGB", (MAX_ASPECT_RATIO * 2, 2)).save(tmp_path / "wide.jpg")
     assert tuple(load_rgb(tmp_path / "wide.jpg").shape) == (3, 2, 200)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"P3\n300 300\n255\n" + b"255 255 255\n" * 90_000, "plain (ASCII) Netpbm file (P3)"),
+        (b"P1\n800 800\n" + b"0 1\n" * 320_000, "plain (ASCII) Netpbm file (P1)"),
+        (b"P6\n#" + b"x" * 2_000_000 + b"\n2 2\n255\n" + bytes(12), "binary Netpbm file (P6)"),
+    ],
+)
+def test_netpbm_that_pillow_parses_a_byte_at_a_time_is_refused_from_its_first_bytes(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    path = tmp_path / "hostile.ppm"
+    path.write_bytes(content)
+    started = time.perf_counter()
+    with pytest.raises(BadImageError, match=r"header of at most 1024 bytes") as refused:
+        read_rgb(path)
+    assert time.perf_counter() - started < 0.1  # Pillow took 0.3 to 1 s on each of these
+    assert reason in refused.value.reason and refused.value.kind == "format"
+
+
+def test_binary_netpbm_with_a_header_comment_is_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "small.ppm"
+    path.write_bytes(b"P6 # made by hand\n2 1\n255\n" + bytes([255, 0, 0, 0, 0, 255]))
+    assert read_rgb(path).tolist() == [[[255, 0, 0], [0, 0, 255]]]
+
+
+def _jpeg() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4), (200, 30, 30)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def _png() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4), (200, 30, 30)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _gif_with(extension: bytes) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("P", (4, 4)).save(buffer, "GIF")
+    gif = buffer.getvalue()
+    image = gif.index(b",")  # the first image descriptor, after the colour table
+    return gif[:image] + extension + gif[image:]
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+HEADERS_OF_EMPTY_STEPS = {  # what Pillow parsed a step at a time in Python: seconds each before
+    "JPEG, 12 MB of fill bytes (30 s)": lambda: _jpeg()[:2] + b"\xff" * 12_000_000 + _jpeg()[2:],
+    "JPEG, 1M empty comments (6 s)": lambda: _jpeg()[:2] + b"\xff\xfe\x00\x02" * 1_000_000 + _jpeg()[2:],
+    "JPEG, 1 MB of junk after its first segment": lambda: _jpeg()[:20] + bytes(1_000_000) + _jpeg()[20:],
+    "PNG, 1M empty chunks (15 s)": lambda: _png()[:33] + _png_chunk(b"zzZz", b"") * 1_000_000 + _png()[33:],
+    "GIF, 2M one-byte sub-blocks (2 s)": lambda: _gif_with(b"!\xfe" + b"\x01x" * 2_000_000 + b"\x00"),
+}
+
+
+@pytest.mark.parametrize("case", HEADERS_OF_EMPTY_STEPS)
+def test_headers_of_millions_of_empty_steps_are_refused_at_once(tmp_path: Path, case: str) -> None:
+    path = tmp_path / "hostile.img"
+    path.write_bytes(HEADERS_OF_EMPTY_STEPS[case]())
+    started = time.perf_counter()
+    with pytest.raises(BadImageError, match=r"Cannot decode image '.*hostile.img': ") as refused:
+        read_rgb(path)
+    assert time.perf_counter() - started < 0.5
+    assert refused.value.kind == "corrupt"
+    assert "which Pillow would read one at a time" in refused.value.reason or "not a JPEG marker" in (
+        refused.value.reason
+    )
+
+
+def test_real_headers_of_many_steps_still_decode(tmp_path: Path) -> None:
+    """A 100 kB GIF comment (400 sub-blocks), 1,000 PNG text chunks, a JPEG of 64 kB EXIF and ICC segments."""
+    comment = b"!\xfe" + (b"\xff" + b"c" * 255) * 400 + b"\x00"
+    texts = b"".join(_png_chunk(b"tEXt", b"k\x00%d" % i) for i in range(1000))
+    rgb = Image.new("RGB", (40, 30), (200, 30, 30))
+    jpeg = io.BytesIO()
+    rgb.save(jpeg, "JPEG", exif=b"Exif\x00\x00" + bytes(60_000), icc_profile=bytes(200_000))
+    for name, data in {
+        "c.gif": _gif_with(comment),
+        "t.png": _png()[:33] + texts + _png()[33:],
+        "e.jpg": jpeg.getvalue(),
+    }.items():
+        (tmp_path / name).write_bytes(data)
+        assert read_rgb(tmp_path / name).shape[2] == 3, name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,8 +195,10 @@ def test_a_compiled_models_checkpoint_loads_into_a_plain_model() -> None:
 def test_infer_errors_are_one_message(trained: Path, tmp_path: Path, capsys) -> None:
     from project.deploy.infer import main
 
-    with pytest.raises(SystemExit, match=r"error: Need the model and its sidecar: '.*nope.onnx'"):
+    with pytest.raises(SystemExit) as exited:  # a mistake in the options: status 2, one line on stderr
         main(["--model", str(tmp_path / "nope.onnx"), str(tmp_path)])
+    assert exited.value.code == 2
+    assert re.match(r"error: Need the model and its sidecar: '.*nope.onnx'", capsys.readouterr().err)
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match=r"error: no image files in .*empty"):
         main(["--model", str(run_dir(trained) / "latest.onnx"), str(tmp_path / "empty")])

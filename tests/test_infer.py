@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from project.deploy.infer import main as infer_main
 from tests.test_serve import SRC, tiny_export
 
 
@@ -99,3 +101,77 @@ def test_a_name_that_is_not_utf8_keeps_its_bytes(model: Path, tmp_path: Path) ->
         assert [row["file"] for row in csv.DictReader(f)] == [os.fsdecode(name)]
     printed = infer("--model", str(model), os.fsdecode(folder))
     assert printed.returncode == 0 and printed.stdout.startswith(name + b"\tgreen ")
+
+
+NAN = float("nan")
+BAD_SIDECARS = {  # case -> (keys changed, what the error names)
+    "temperature below 0": (
+        {"temperature": -1.0},
+        "Sidecar '{json}': 'temperature' is -1.0; expected a finite",
+    ),
+    "temperature 0": ({"temperature": 0}, "'temperature' is 0; expected a finite number > 0"),
+    "temperature NaN": ({"temperature": NAN}, "'temperature' is nan; expected a finite number > 0"),
+    "threshold NaN": ({"task": "multilabel", "threshold": NAN}, "'threshold' is nan; expected a probability"),
+    "unknown threshold NaN": ({"unknown_threshold": NAN}, "'unknown_threshold' is nan; expected a finite"),
+    "unknown score": ({"unknown_score": "entropy"}, "'unknown_score' is 'entropy'; expected one of energy"),
+    "quantiles": ({"unknown_quantiles": [1.0, 0.0]}, "'unknown_quantiles' is [1.0, 0.0]; expected 101"),
+    "class names as a string": (
+        {"class_names": "red"},
+        "'class_names' is 'red'; expected a list of the class",
+    ),
+    "class names twice": ({"class_names": ["red", "red", "b", "d"]}, "'class_names' is ['red', 'red', "),
+    "crop ratio 0": (
+        {"preprocessing": {"crop_ratio": 0}},
+        "'preprocessing.crop_ratio' is 0; expected a number",
+    ),
+    "crop ratio near 0": ({"preprocessing": {"crop_ratio": 1e-9}}, "'preprocessing.crop_ratio' is 1e-09;"),
+    "image size 0": ({"image_size": 0}, "'image_size' is 0; expected a whole number of pixels"),
+    "image size as text": ({"image_size": "16"}, "'image_size' is '16'; expected a whole number"),
+    "task": ({"task": "regression"}, "'task' is 'regression'; expected one of multiclass, multilabel"),
+    "too few class names": (
+        {"class_names": ["red", "green", "blue"]},
+        "Model '{onnx}' gives 4 logits per image, but its sidecar '{json}' names 3 classes in 'class_names'",
+    ),
+    "image size the model does not take": ({"image_size": 24}, "Model '{onnx}' does not take the input"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SIDECARS)
+def test_a_sidecar_value_out_of_range_is_one_error_naming_the_key(
+    model: Path, tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    changes, expected = BAD_SIDECARS[case]
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(model.read_bytes())
+    sidecar = json.loads(model.with_suffix(".json").read_text())
+    (tmp_path / "m.json").write_text(json.dumps({**sidecar, **changes}))
+    image = colour(tmp_path / "red.png", (230, 20, 20))
+    with pytest.raises(SystemExit) as exited:
+        infer_main(["--model", str(onnx), str(image)])
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: ")
+    assert expected.format(onnx=onnx, json=tmp_path / "m.json") in err
+    assert "Fix: " in err
+
+
+@pytest.mark.parametrize("top_k", ["0", "-1"])
+def test_top_k_below_1_is_refused(model: Path, tmp_path: Path, top_k: str) -> None:
+    image = colour(tmp_path / "red.png", (230, 20, 20))
+    result = infer("--model", str(model), "--top_k", top_k, "--output", str(tmp_path / "out.csv"), str(image))
+    assert result.returncode == 2 and result.stdout == b""
+    assert result.stderr.decode() == (
+        f"error: --top_k {top_k} is not a number of classes to list: it must be 1 or more. "
+        "Fix: pass e.g. --top_k 5 (a number above the model's classes lists them all).\n"
+    )
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_top_k_above_the_classes_lists_them_all(model: Path, tmp_path: Path) -> None:
+    image = colour(tmp_path / "red.png", (230, 20, 20))
+    output = tmp_path / "out.csv"
+    assert infer("--model", str(model), "--top_k", "50", "--output", str(output), str(image)).returncode == 0
+    with open(output) as f:
+        header, row = list(csv.reader(f))
+    assert header[-2:] == ["top4_class", "top4_probability"] and len(row) == len(header)
+    assert sorted(row[3::2]) == ["blue", "dark", "green", "red"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from project.callbacks.prediction_writer import PredictionWriter
 from project.data.dataset import FileDataset, collate_skipping_none
+from project.errors import UserError
 from tests.helpers import tiny_trainer
 
 COLOURS = {"red": (230, 20, 20), "green": (20, 230, 20), "blue": (20, 20, 230)}
@@ -78,3 +80,31 @@ def test_an_image_refused_by_decoding_is_skipped_and_the_others_written(tmp_path
             ("a.png", "red"),
             ("c.png", "blue"),
         ]
+
+
+GOOD_SIDECAR = {"class_names": list(COLOURS), "image_size": 8, "preprocessing": {"crop_ratio": 1.0}}
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"temperature": -2.0}, r"Sidecar '.*s.json': 'temperature' is -2.0; expected a finite number > 0"),
+        ({"unknown_threshold": float("nan")}, r"'unknown_threshold' is nan; expected a finite number"),
+        ({"class_names": "red"}, r"'class_names' is 'red'; expected a list of the class names"),
+        (
+            {"class_names": ["red", "green"]},
+            r"sidecar '.*s.json' names 2 classes .*the checkpoint's model has 3",
+        ),
+    ],
+)
+def test_a_sidecar_that_does_not_fit_stops_predict_naming_the_key(
+    tmp_path: Path, changes: dict, expected: str
+) -> None:
+    sidecar = tmp_path / "s.json"
+    sidecar.write_text(json.dumps({**GOOD_SIDECAR, **changes}))
+    Image.fromarray(np.full((8, 8, 3), COLOURS["red"], dtype=np.uint8)).save(tmp_path / "a.png")
+    loader = DataLoader(FileDataset([tmp_path / "a.png"], lambda image: image, root=tmp_path), batch_size=1)
+    writer = PredictionWriter(str(tmp_path / "p.csv"), sidecar=str(sidecar))
+    with pytest.raises(UserError, match=expected):
+        tiny_trainer(writer).predict(MeanColour(), loader, return_predictions=False)
+    assert not (tmp_path / "p.csv").exists()

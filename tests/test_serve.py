@@ -33,9 +33,12 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 from project.deploy.infer import Classifier
-from project.deploy.serve.app import Prepared, run_batch
+from project.deploy.serve import app as serve_app
+from project.deploy.serve.app import Prepared, Settings, run_batch
 from project.deploy.serve.batching import Batcher
+from project.deploy.serve.bodies import Limits
 from project.deploy.serve.command import main as serve_main
+from project.deploy.serve.models import ModelSlot
 
 CLASSES = ["red", "green", "blue", "dark"]
 SRC = str(Path(__file__).parents[1] / "src")  # the code under test, also where it is not installed
@@ -347,6 +350,64 @@ def test_bad_requests_get_their_status_and_a_json_error(server: Server, images: 
     assert predict(server.port, images["red.jpg"])[0] == 200
 
 
+def test_files_that_pillow_parses_a_step_at_a_time_are_refused_at_once(
+    exports: Path, images: dict[str, bytes], tmp_path: Path
+) -> None:
+    """A 15 MB plain PPM, a binary one behind a 15 MB header comment, a PNG of 1M empty chunks, at once."""
+    side = 1100  # 1.2 megapixels of "255 255 255": 14.5 MB of text that Pillow would parse in Python
+    plain = b"P3\n%d %d\n255\n" % (side, side) + b"255 255 255\n" * (side * side)
+    commented = b"P6\n#" + b"x" * 15_000_000 + b"\n2 2\n255\n" + bytes(12)
+    png = encode(Image.new("RGB", (4, 4)), "PNG")
+    chunked = png[:33] + chunk(b"zzZz", b"") * 1_000_000 + png[33:]  # 12 MB
+    flags = ["--max_body_mb", "20", "--max_body_memory_mb", "64", "--max_pixels", "2000000"]
+    served = Server(exports / "latest.onnx", *flags, log=tmp_path / "server.log")
+    try:
+
+        def timed(body: bytes) -> tuple[int, dict, float]:
+            started = time.monotonic()
+            status, answer = predict(served.port, body, "application/octet-stream", timeout=30)
+            return status, answer, time.monotonic() - started
+
+        with ThreadPoolExecutor(4) as pool:
+            hostile = [pool.submit(timed, body) for body in (plain, commented, chunked)]
+            good = pool.submit(timed, images["red.jpg"])
+            answers = [future.result() for future in hostile]
+        assert good.result()[0] == 200
+        expected = [
+            (
+                415,
+                "plain (ASCII) Netpbm file (P3); only binary Netpbm (P4, P5, P6) with a header of at most",
+            ),
+            (415, "binary Netpbm file (P6); only binary Netpbm (P4, P5, P6) with a header of at most 1024"),
+            (400, "more than 15814 PNG chunks in its 12000069 bytes, which Pillow would read one at a time"),
+        ]
+        for (status, answer, seconds), (code, reason) in zip(answers, expected, strict=True):
+            assert status == code and reason in answer["error"], answer
+            assert "Fix: " in answer["error"]
+            assert seconds < 1, seconds  # the old decode held a core for seconds (a minute at 15 MB of P1)
+    finally:
+        assert served.stop() == 0
+
+
+def test_decoded_pixels_count_against_the_memory_budget(server: Server, images: dict[str, bytes]) -> None:
+    """An animated WebP of 1,000 x 1,000 pixels (within --max_pixels): a few kB sent, 27 MB to decode."""
+    frames = [Image.new("RGB", (1000, 1000), colour) for colour in ("red", "green", "blue")]
+    webp = encode(frames[0], "WEBP", save_all=True, append_images=frames[1:])
+    assert len(webp) < 20_000
+    before = rss_mb(server.process.pid)
+    status, answer = predict(server.port, webp, "image/webp")
+    assert status == 413, answer
+    assert answer["error"].startswith(
+        "The image is 1000x1000 pixels: decoding it takes about 26 MB, more than the service's budget of 1 MB"
+    )
+    assert "Fix: send a smaller image" in answer["error"]
+    assert rss_mb(server.process.pid) - before < 10  # refused from the header: nothing was decoded
+    status, answer = predict(server.port, images["red.jpg"])
+    assert status == 200, answer
+    metrics = request(server.port, "GET", "/metrics")[1]
+    assert (metrics["decoding_bytes_held"], metrics["body_bytes_held"]) == (0, 0)
+
+
 def test_a_body_that_never_arrives_times_out(server: Server) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     connection.putrequest("POST", "/predict")
@@ -490,12 +551,82 @@ def test_reload_swaps_the_model_and_a_failed_reload_keeps_it(
         assert status == 500 and "links to" in answer["error"]
         assert "links to 'gone.onnx', which does not exist" in answer["error"]
         assert str(tmp_path) not in answer["error"]
+        (tmp_path / "wide.onnx").write_bytes((tmp_path / "run-b.onnx").read_bytes())  # 4 logits
+        sidecar = json.loads((tmp_path / "run-b.json").read_text())
+        sidecar.update(class_names=[*CLASSES, "white"], files={"onnx": "wide.onnx"})
+        (tmp_path / "wide.json").write_text(json.dumps(sidecar))
+        point_latest(tmp_path, "wide")
+        status, answer = request(served.port, "POST", "/reload", headers=AUTHORIZED)
+        assert status == 500 and "still serving version run-a" in answer["error"], answer
+        assert (
+            "Model 'wide.onnx' gives 4 logits per image, but its sidecar 'wide.json' names 5 classes"
+            in (answer["error"])
+        )
+        (tmp_path / "latest.onnx").unlink()  # a link to itself: Path.resolve raises, not a UserError
+        (tmp_path / "latest.onnx").symlink_to("latest.onnx")
+        status, answer = request(served.port, "POST", "/reload", headers=AUTHORIZED)
+        assert status == 500 and "Reload failed; still serving version run-a" in answer["error"], answer
         status, answer = predict(served.port, images["red.jpg"])
         assert status == 200 and answer["version"] == "run-a"
         metrics = request(served.port, "GET", "/metrics")[1]
-        assert (metrics["reloads"], metrics["failed_reloads"]) == (2, 2)
+        assert (metrics["reloads"], metrics["failed_reloads"]) == (2, 4)
+        assert metrics["responses_by_status"]["500"] == 4  # each failed reload's answer
     finally:
         assert served.stop() == 0
+
+
+async def call(app: object, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:
+    """(status, JSON answer) of one request sent to the ASGI app in this process."""
+    sent: list[dict] = []
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"image/jpeg"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    with suppress(RuntimeError):  # Starlette raises an unhandled error again once it has answered 500
+        await app(scope, receive, send)  # type: ignore[operator]
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+
+
+def test_an_unforeseen_error_is_a_json_500_counted_in_metrics(
+    exports: Path, images: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(serve_app, "prepare", broken)
+    limits = Limits(max_body_bytes=2**20, max_pixels=10**6, read_timeout_s=5)
+    settings = Settings(
+        top_k=3, max_batch_size=4, max_wait_ms=1, max_pending=8, decode_threads=1, limits=limits
+    )
+    application = serve_app.create_app(ModelSlot(exports / "latest.onnx"), settings)
+
+    async def scenario() -> tuple[tuple[int, dict], tuple[int, dict]]:
+        return await call(application, "POST", "/predict", images["red.jpg"]), await call(
+            application, "GET", "/metrics"
+        )
+
+    (status, answer), (_, metrics) = asyncio.run(scenario())
+    assert status == 500
+    assert answer == {"error": "Internal error (RuntimeError); the service goes on. See the server log."}
+    assert metrics["responses_by_status"] == {"500": 1}
 
 
 def test_sampler_keeps_requests_within_its_bound(
@@ -801,3 +932,20 @@ def test_sampler_queue_holds_at_most_its_bytes(tmp_path: Path) -> None:
     disk.set()
     sampler.close()
     assert sampler.written == 3 and sampler._queued_bytes == 0
+
+
+def test_images_being_decoded_share_the_budget_with_bodies() -> None:
+    from project.deploy.serve.app import BodyBudget
+    from project.deploy.serve.bodies import RequestError
+
+    budget = BodyBudget(1000)
+    first = budget.reserve_decoding(600, 10, 20)
+    with pytest.raises(RequestError, match="holds 600 bytes of request bodies and decoded images") as full:
+        budget.reserve_decoding(600, 10, 20)
+    assert full.value.status == 503 and budget.refused == 1
+    budget.release_decoding(first)
+    assert (budget.held, budget.decoding) == (0, 0)
+    assert budget.reserve_decoding(600, 10, 20) == 600
+    with pytest.raises(RequestError, match="The image is 10x20 pixels") as alone:
+        BodyBudget(1000).reserve_decoding(1001, 10, 20)
+    assert alone.value.status == 413

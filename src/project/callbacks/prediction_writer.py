@@ -24,6 +24,7 @@ from typing_extensions import override
 
 from project.atomic import atomic_files
 from project.deploy import prediction_csv
+from project.deploy import sidecar as sidecars
 from project.deploy.calibration import UNKNOWN, Calibration
 from project.errors import UserError
 from project.model import is_multilabel, label_names
@@ -75,6 +76,7 @@ class PredictionWriter(BasePredictionWriter):
         if not is_multilabel(pl_module):
             meta = self._export_sidecar(trainer)
             if meta is not None:
+                _check_classes(meta, self.sidecar, label_names(pl_module))
                 self.calibration = Calibration.from_sidecar(meta, self.unknown_accept)
         if self.explain_dir is not None:
             from project.explain import Explainer
@@ -86,13 +88,12 @@ class PredictionWriter(BasePredictionWriter):
         if self.sidecar is None:
             return None
         if self.sidecar != "auto":
-            try:
-                return json.loads(Path(self.sidecar).read_text())
-            except (OSError, ValueError) as e:
+            if not Path(self.sidecar).is_file():
                 raise UserError(
-                    f"--predictions.sidecar '{self.sidecar}' is not a readable export sidecar ({e}).",
+                    f"--predictions.sidecar '{self.sidecar}' is not a file.",
                     "pass the .json that `python -m project export` wrote beside the .onnx, or `auto`.",
-                ) from None
+                )
+            return sidecars.load(Path(self.sidecar))  # every value checked, the key named
         found = export_of(trainer.ckpt_path)
         if found is None:
             if trainer.is_global_zero:
@@ -183,7 +184,7 @@ def export_of(ckpt_path: str | os.PathLike | None) -> dict | None:
     if not ckpt_path:
         return None
     ckpt = Path(ckpt_path).resolve()
-    newest: tuple[float, dict] | None = None
+    newest: tuple[float, dict, Path] | None = None
     for path in ckpt.parent.glob("*.json"):
         if path.is_symlink() or path.stem.endswith("-int8"):
             continue
@@ -193,8 +194,22 @@ def export_of(ckpt_path: str | os.PathLike | None) -> dict | None:
         except (ValueError, KeyError, TypeError, OSError):
             continue  # not a sidecar
         if source == ckpt and (newest is None or path.stat().st_mtime > newest[0]):
-            newest = (path.stat().st_mtime, meta)
-    return None if newest is None else newest[1]
+            newest = (path.stat().st_mtime, meta, path)
+    if newest is None:
+        return None
+    sidecars.check(newest[1], newest[2])  # found by its checkpoint path; every other value checked here
+    return newest[1]
+
+
+def _check_classes(meta: dict, sidecar: str | None, names: list[str]) -> None:
+    """A sidecar of another model would calibrate with the wrong temperature and threshold: refused."""
+    if len(meta["class_names"]) != len(names):
+        raise UserError(
+            f"The export sidecar {'of the checkpoint' if sidecar == 'auto' else repr(sidecar)} names "
+            f"{len(meta['class_names'])} classes in 'class_names'; "
+            f"the checkpoint's model has {len(names)}.",
+            "pass --predictions.sidecar the .json exported from this checkpoint, or `auto`, or null.",
+        )
 
 
 def _cat(parts: list[torch.Tensor], empty: tuple[int, ...], dtype: torch.dtype = torch.long) -> torch.Tensor:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -30,7 +29,9 @@ from project.atomic import atomic_files
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
 from project.data.index import list_images  # numpy only: keeps this module free of torch
 from project.deploy import prediction_csv
+from project.deploy import sidecar as sidecars
 from project.deploy.calibration import UNKNOWN, Calibration
+from project.deploy.sidecar import sidecar_multilabel
 from project.errors import UserError, user_message
 
 
@@ -46,11 +47,6 @@ class Answer(NamedTuple):
     @property
     def class_name(self) -> str:
         return UNKNOWN if self.unknown else self.names[0]
-
-
-def sidecar_multilabel(meta: dict) -> bool:
-    """Whether an export sidecar's model is multi-label (its `task`); without a task: multi-class."""
-    return meta.get("task") == "multilabel"
 
 
 class Classifier:
@@ -72,19 +68,13 @@ class Classifier:
                 f"Need the model and its sidecar: '{model}' and '{sidecar}'.",
                 "pass an .onnx written by `python -m project export`.",
             )
-        try:
-            self.meta = json.loads(sidecar.read_text())
-            self.class_names = [str(c) for c in self.meta["class_names"]]
-            self.task = "multilabel" if sidecar_multilabel(self.meta) else "multiclass"
-            self.threshold = float(self.meta.get("threshold", 0.5))
-            self.size = int(self.meta["image_size"])
-            self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
-            self.calibration = Calibration.from_sidecar(self.meta, unknown_accept)
-        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
-            raise UserError(
-                f"Sidecar '{sidecar}' is not an export sidecar ({type(e).__name__}: {e}).",
-                "export the checkpoint again with `python -m project export`.",
-            ) from None
+        self.meta = sidecars.load(sidecar)  # every value below is checked there
+        self.class_names = list(self.meta["class_names"])
+        self.task = "multilabel" if sidecar_multilabel(self.meta) else "multiclass"
+        self.threshold = float(self.meta.get("threshold", 0.5))
+        self.size = int(self.meta["image_size"])
+        self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
+        self.calibration = Calibration.from_sidecar(self.meta, unknown_accept)
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
@@ -95,11 +85,34 @@ class Classifier:
                 f"onnxruntime cannot load '{model}': {e}.",
                 "export the checkpoint again with `python -m project export`.",
             ) from None
+        self._check_fits(model, sidecar)
+
+    def _check_fits(self, model: Path, sidecar: Path) -> None:
+        """Run one blank image: the model must take the sidecar's image size and give a logit per class.
+
+        Also the warm-up: the first run allocates and plans, here rather than in the first request.
+        """
+        fix = "keep each export's .onnx and .json together as `python -m project export` wrote them."
+        try:
+            logits = self.logits(np.zeros((1, 3, self.size, self.size), dtype=np.uint8))
+        except Exception as e:  # onnxruntime's own types: wrong input name, size or type
+            raise UserError(
+                f"Model '{model}' does not take the input its sidecar '{sidecar}' describes "
+                f"(uint8 images [N, 3, {self.size}, {self.size}] named 'images', logits out): "
+                f"{' '.join(str(e).split())[:300]}.",
+                fix,
+            ) from None
+        if logits.shape != (1, len(self.class_names)):
+            raise UserError(
+                f"Model '{model}' gives {logits.shape[-1]} logits per image, but its sidecar '{sidecar}' "
+                f"names {len(self.class_names)} classes in 'class_names'.",
+                fix,
+            )
 
     @property
     def multilabel(self) -> bool:
         """Any number of labels per image (a sigmoid each), as the sidecar's `task` says; else one class."""
-        return self.task == "multilabel"
+        return sidecar_multilabel(self.meta)
 
     def preprocess(self, image: str | Path | bytes | Image.Image) -> np.ndarray:
         """uint8 [3, size, size]: decoded as training decodes, short side resized, centre-cropped.
@@ -191,7 +204,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m project infer", description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+", help="image files or folders (searched recursively)")
     parser.add_argument("--model", required=True, help="exported .onnx file (its .json sidecar beside it)")
-    parser.add_argument("--top_k", type=int, default=5)
+    parser.add_argument(
+        "--top_k",
+        type=int,
+        default=5,
+        help="classes listed per image, 1 or more (at most the model's classes)",
+    )
     parser.add_argument("--output", help="write a CSV here instead of printing")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     parser.add_argument(
@@ -202,15 +220,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         "`unknown` (default: the export's, usually 0.95; 0: never unknown)",
     )
     args = parser.parse_args(argv)
-    if args.unknown_accept is not None and not 0 <= args.unknown_accept <= 1:
-        sys.exit(
-            f"error: --unknown_accept {args.unknown_accept} is not a share from 0 to 1. "
-            "Fix: pass e.g. --unknown_accept 0.95, or 0 to never answer unknown."
-        )
     try:
+        if args.top_k < 1:  # 0 wrote rows without a class; -1 dropped the last one
+            raise UserError(
+                f"--top_k {args.top_k} is not a number of classes to list: it must be 1 or more.",
+                "pass e.g. --top_k 5 (a number above the model's classes lists them all).",
+            )
+        if args.unknown_accept is not None and not 0 <= args.unknown_accept <= 1:
+            raise UserError(
+                f"--unknown_accept {args.unknown_accept} is not a share from 0 to 1.",
+                "pass e.g. --unknown_accept 0.95, or 0 to never answer unknown.",
+            )
         classifier = Classifier(args.model, args.threads, args.unknown_accept)
-    except UserError as e:
-        sys.exit(f"error: {user_message(e)}")
+    except UserError as e:  # a mistake in the options or the export: status 2, as the other commands
+        print(f"error: {user_message(e)}", file=sys.stderr)
+        sys.exit(2)
     files = image_files(args.inputs)
     if not files:
         sys.exit(f"error: no image files in {args.inputs}. Fix: pass image files or folders of images.")

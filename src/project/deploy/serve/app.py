@@ -64,11 +64,13 @@ class Settings:
 
 
 class BodyBudget:
-    """Bytes of request bodies held at once, summed over all requests; beyond it a request gets 503.
+    """Bytes of request bodies and decoded images held at once, summed over all requests; beyond it 503.
 
     Per-request limits do not bound the sum: 50 concurrent 19 MB bodies held 3.5 GB. Each request
     reserves what its Content-Length declares (the most a chunked body may hold, when it declares
-    nothing) before reading, and gives it back when answered. Event-loop only, so no lock.
+    nothing) before reading, and gives it back when answered. Decoded pixels cost far more than
+    their file (a 286 KB animated WebP took 827 MB), so each image also reserves what decoding
+    it will hold, from its header, before any pixel is decoded. Event-loop only, so no lock.
     """
 
     TRIM_AFTER = 64 * 2**20  # bytes of bodies released before the heaps are trimmed, once none is held
@@ -76,6 +78,7 @@ class BodyBudget:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.held = 0
+        self.decoding = 0  # the part of `held` reserved for decoding images
         self.refused = 0
         self._released = 0
 
@@ -85,16 +88,37 @@ class BodyBudget:
         if size is not None and size > limits.max_body_bytes:
             return 0  # refused with 413 when read, before any of it is kept
         size = limits.max_body_bytes if size is None else size
+        self._take(size)
+        return size
+
+    def reserve_decoding(self, size: int, width: int, height: int) -> int:
+        """Reserve `size` bytes for decoding a width x height image: 413 when it alone passes the budget."""
+        if size > self.max_bytes:
+            raise RequestError(
+                413,
+                f"The image is {width}x{height} pixels: decoding it takes about {size / 2**20:.0f} MB, "
+                f"more than the service's budget of {self.max_bytes / 2**20:.0f} MB for request bodies "
+                "and decoded images.",
+                "send a smaller image (the model sees it resized anyway), or raise --max_body_memory_mb.",
+            )
+        self._take(size)
+        self.decoding += size
+        return size
+
+    def release_decoding(self, size: int) -> None:
+        self.decoding -= size
+        self.release(size)
+
+    def _take(self, size: int) -> None:
         if self.held + size > self.max_bytes:
             self.refused += 1
             raise RequestError(
                 503,
-                f"The service holds {self.held} bytes of request bodies; {size} more would pass "
-                f"its budget of {self.max_bytes}.",
+                f"The service holds {self.held} bytes of request bodies and decoded images; {size} more "
+                f"would pass its budget of {self.max_bytes}.",
                 "retry after a second (or raise --max_body_memory_mb).",
             )
         self.held += size
-        return size
 
     def release(self, size: int) -> None:
         self.held -= size
@@ -215,7 +239,8 @@ def metadata(model: LoadedModel, settings: Settings) -> dict:
         "class_names": classifier.class_names,
         "image_size": classifier.size,
         "task": classifier.task,
-        "input": "an image file (JPEG, PNG, BMP, GIF, TIFF, WebP, PPM): raw body or multipart field 'file'",
+        "input": "an image file (JPEG, PNG, BMP, GIF, TIFF, WebP, binary PPM): "
+        "raw body or multipart field 'file'",
         "batching": {"max_batch_size": settings.max_batch_size, "max_wait_ms": settings.max_wait_ms},
         "limits": asdict(settings.limits),
         "sidecar": public_sidecar(classifier.meta),
@@ -233,12 +258,23 @@ class StatusCounter:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
+        started = False
+
         async def counting_send(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.counts[message["status"]] += 1
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            # Starlette answers these outside every added middleware (ServerErrorMiddleware, through
+            # the app's catch-all handler): always a 500, which is counted here
+            if not started:
+                self.counts[500] += 1
+            raise
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -285,6 +321,13 @@ def create_app(
             message = f"Reload failed; still serving version {before}. {user_message(e)}"
             log.error("%s", message)  # the full paths stay in the server's log
             raise RequestError(500, without_folders(message)) from e
+        except Exception as e:  # unforeseen (a link loop raises RuntimeError): answered like the others
+            log.exception("Reload failed; still serving version %s", before)
+            raise RequestError(
+                500,
+                f"Reload failed; still serving version {before}: {type(e).__name__} while loading the model.",
+                "see the server log for the cause, correct the export (or its link), then reload again.",
+            ) from e
         log.info("Reloaded %s: version %s -> %s", slot.model, old.version, new.version)
         return {
             "version": new.version,
@@ -360,8 +403,13 @@ def create_app(
         loop = asyncio.get_running_loop()
         with batcher.arriving():
             data = await bodies.image_bytes(request, settings.limits)
-            args = (data, slot.current, settings.limits.max_pixels)
-            prepared = await loop.run_in_executor(decode_pool, prepare, *args)
+            max_pixels = settings.limits.max_pixels
+            cost = await loop.run_in_executor(decode_pool, bodies.decoding_cost, data, max_pixels)
+            reserved = budget.reserve_decoding(*cost)
+            try:
+                prepared = await loop.run_in_executor(decode_pool, prepare, data, slot.current, max_pixels)
+            finally:
+                budget.release_decoding(reserved)
         try:
             logits, batch_size = await batcher.submit(prepared)
         except Overloaded as e:
@@ -395,7 +443,8 @@ def create_app(
             "batched_images": sum(size * n for size, n in sizes.items()),
             "batch_sizes": {str(k): v for k, v in sorted(sizes.items())},
             "pending": batcher.pending,
-            "body_bytes_held": budget.held,
+            "body_bytes_held": budget.held - budget.decoding,
+            "decoding_bytes_held": budget.decoding,
             "refused_over_body_budget": budget.refused,
             "reloads": slot.reloads,
             "failed_reloads": slot.failed_reloads,

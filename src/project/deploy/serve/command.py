@@ -65,7 +65,10 @@ def parser() -> argparse.ArgumentParser:
     limits.add_argument("--read_timeout", type=float, default=30.0, help="seconds a client may take to send")
     limits.add_argument("--shutdown_timeout", type=int, default=10, help="seconds to finish requests on stop")
     limits.add_argument(
-        "--max_body_memory_mb", type=float, default=256.0, help="request bodies held at once, all together"
+        "--max_body_memory_mb",
+        type=float,
+        default=256.0,
+        help="request bodies and decoded images held at once, all together",
     )
     limits.add_argument(
         "--header_timeout", type=float, default=10.0, help="seconds a client may take to send its headers"

@@ -14,8 +14,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from project.deploy.infer import Classifier
 from project.errors import UserError
 
@@ -45,9 +43,7 @@ def load_model(model: Path, threads: int | None = None, unknown_accept: float | 
             f"Sidecar '{resolved.with_suffix('.json')}' describes '{named}', not '{resolved.name}'.",
             "keep each export's .onnx and .json together under the names export gave them.",
         )
-    # the first run allocates and plans; pay for it here, not in the first request after a swap
-    size = classifier.size
-    classifier.probabilities(np.zeros((1, 3, size, size), dtype=np.uint8))
+    # Classifier has run the model once: warmed up, and its outputs checked against the class names
     return LoadedModel(classifier, resolved.stem, resolved, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
 
@@ -72,11 +68,11 @@ class ModelSlot:
         return self._lock.locked()
 
     async def reload(self) -> tuple[LoadedModel, LoadedModel]:
-        """(old, new) after loading `model` again; on UserError the current model stays."""
+        """(old, new) after loading `model` again; on any error the current model stays."""
         async with self._lock:
             try:  # in a thread: requests go on being answered by the current model meanwhile
                 new = await asyncio.to_thread(load_model, self.model, self.threads, self.unknown_accept)
-            except UserError:
+            except Exception:  # a UserError, or anything unforeseen: counted all the same
                 self.failed_reloads += 1
                 raise
             old, self.current = self.current, new
