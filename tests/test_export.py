@@ -16,7 +16,8 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from project import export
+from project import calibrate, export
+from project.data.datamodule import ImageDataModule
 from project.data.shapes import CLASSES
 from project.export import ExportError, export_checkpoint, verification_batches, verify
 from tests.helpers import fast_args, run_cli
@@ -199,3 +200,21 @@ def test_infer_errors_are_one_message(trained: Path, tmp_path: Path, capsys) -> 
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match=r"error: no image files in .*empty"):
         main(["--model", str(run_dir(trained) / "latest.onnx"), str(tmp_path / "empty")])
+
+
+def test_calibration_refuses_to_flatten_a_near_chance_model(
+    trained: Path, shapes_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the fixture's run (6 optimizer steps) answers near chance on validation: unbounded, its
+    # temperature ran off to 5.7e6 and the energy threshold to 1e7, every probability 1/6
+    meta = json.loads((run_dir(trained) / "latest.json").read_text())
+    assert "the model is near chance on the 24 validation images" in meta["calibration_skipped"]
+    assert meta["temperature"] == 1.0 and meta["unknown_threshold"] is None
+    data = ImageDataModule(root=str(shapes_root), image_size=32, batch_size=8, num_workers=0)
+    exported = export_checkpoint(run_dir(trained) / "last.ckpt", output_dir=tmp_path, datamodule=data)
+    assert exported.metadata["temperature"] == 1.0 and exported.metadata["unknown_threshold"] is None
+    out = capsys.readouterr().out
+    assert (
+        f"Calibration skipped: the fitted temperature reached {calibrate.MAX_TEMPERATURE:g}, the upper bound"
+        in out
+    )

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from project import calibrate
-from project.data.shapes import CLASSES, draw_shape
+from project.data.shapes import CLASSES
 from project.deploy import calibration
 from project.deploy.calibration import Calibration
 from project.deploy.infer import Classifier
@@ -30,6 +30,7 @@ CALIBRATION_KEYS = {
     "unknown_accept",
     "unknown_threshold",
 }
+BINS_NEAR_CHANCE = 3  # the reliability bins of top probabilities below 0.2 (chance: 1/6)
 INT8_KEYS = {"agreement", "accuracy_float", "accuracy_int8", "latency_ms", "quantization"}
 
 
@@ -73,8 +74,32 @@ def test_calibration_is_skipped_with_a_reason(capsys: pytest.CaptureFixture[str]
     assert "multi-label" in keys["calibration_skipped"]
 
 
+# one colour per class: learnt within the 6 optimizer steps of the fixture's fit (val/acc 0.5),
+# where the shapes stay near chance and calibration is refused (it would flatten the model)
+PALETTE = [(220, 40, 40), (40, 200, 40), (40, 40, 220), (230, 230, 40), (200, 40, 200), (40, 210, 210)]
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path:
+def colours_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """train/ and val/ of 6 classes, 8 + 4 noisy 32x32 PNGs each, told apart by their colour."""
+    root = tmp_path_factory.mktemp("data") / "colours"
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 8), ("val", 4)):
+        for colour, name in zip(PALETTE, CLASSES, strict=True):
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                coloured(colour, rng).save(root / split / name / f"{i}.png")
+    return root
+
+
+def coloured(colour: tuple[int, int, int], rng: np.random.Generator, size: int = 32) -> Image.Image:
+    """A square image of `colour` with noise: an image of that colour's class."""
+    pixels = np.clip(np.array(colour) + rng.normal(0, 25, (size, size, 3)), 0, 255)
+    return Image.fromarray(pixels.astype(np.uint8))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, colours_root: Path) -> Path:
     """A fit whose end-of-fit export is calibrated and quantized; returns the run's checkpoint folder."""
     work = tmp_path_factory.mktemp("trust-work")
     with pytest.MonkeyPatch.context() as mp:
@@ -85,26 +110,35 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path
             "--export_best.quantize=int8",
             "--trainer.max_epochs=2",
         ]
-        assert run_cli("fit", *fast_args(shapes_root, *flags)) == 0
+        assert run_cli("fit", *fast_args(colours_root, *flags)) == 0
     return work / "checkpoints" / "t"
 
 
 @pytest.fixture(scope="module")
 def pngs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A drawn shape of each class and three photos of something else, as PNGs (lossless: one decode)."""
+    """An image of each class and three photos of something else, as PNGs (lossless: one decode).
+
+    37 px, the size the eval transform resizes to before its 32 px centre crop: no resize, so
+    torchvision (predict) and Pillow (infer, serve) see the same pixels.
+    """
     folder = tmp_path_factory.mktemp("trust-images")
     rng = np.random.default_rng(3)
-    for name in CLASSES:
-        Image.fromarray(np.asarray(draw_shape(name, 32, rng))).save(folder / f"{name}.png")
+    for colour, name in zip(PALETTE, CLASSES, strict=True):
+        coloured(colour, rng, 37).save(folder / f"{name}.png")
     for i in range(3):
-        Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(folder / f"noise{i}.png")
+        Image.fromarray(rng.integers(0, 256, (37, 37, 3), dtype=np.uint8)).save(folder / f"noise{i}.png")
     return folder
 
 
 def test_the_export_records_its_calibration(trained: Path) -> None:
     meta = json.loads((trained / "latest.json").read_text())
     assert set(meta) >= CALIBRATION_KEYS
-    assert meta["temperature"] > 0 and meta["ece_after"] <= meta["ece_before"] + 1e-6
+    # a temperature that keeps the model's answers (not one that flattens them to 1/6, which also
+    # lowers the ECE), and an energy threshold on the scale of the logits
+    assert calibrate.MIN_TEMPERATURE < meta["temperature"] < calibrate.MAX_TEMPERATURE
+    assert meta["ece_after"] <= meta["ece_before"] + 1e-6
+    assert meta["reliability"]["after"]["count"][BINS_NEAR_CHANCE:] != [0] * (15 - BINS_NEAR_CHANCE)
+    assert 0 < meta["unknown_threshold"] < 100
     assert meta["unknown_score"] == "energy" and meta["unknown_accept"] == 0.95
     assert meta["unknown_threshold"] == pytest.approx(
         calibration.threshold_for(meta["unknown_quantiles"], 0.95)
@@ -196,3 +230,14 @@ def test_predict_explain_writes_an_overlay_per_image(
     assert overlays == sorted(f"{p.name}.cam.png" for p in pngs.iterdir())
     image = np.asarray(Image.open(tmp_path / "cam" / "circle.png.cam.png"))
     assert image.shape == (32, 32, 3) and image.std() > 0
+
+
+def test_the_temperature_is_bounded_on_uninformative_logits() -> None:
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 6, (600,), generator=generator)
+    logits = torch.randn(600, 6, generator=generator) * 3  # confident, and unrelated to the labels
+    temperature = calibrate.fit_temperature(logits, labels)
+    assert temperature == pytest.approx(calibrate.MAX_TEMPERATURE)
+    always_right = logits * 0.003
+    always_right[torch.arange(600), labels] += 0.1  # right by a small margin every time: T towards 0
+    assert calibrate.fit_temperature(always_right, labels) == pytest.approx(calibrate.MIN_TEMPERATURE)

@@ -1,15 +1,18 @@
 """The calibration step of `export`: a temperature and an unknown threshold fitted on the validation split.
 
 The temperature T minimizes the negative log-likelihood of softmax(logits / T) on the validation
-images (LBFGS on log T, so T stays positive); the expected calibration error (torchmetrics,
-15 equal-width bins) is measured before and after. The unknown threshold is the score that the
-share `accept` of the validation images reaches. What comes out goes into the sidecar, and
-`project.deploy.calibration` applies it identically in predict, infer and serve.
+images (LBFGS on log T, so T stays positive), within [MIN_TEMPERATURE, MAX_TEMPERATURE]; the
+expected calibration error (torchmetrics, 15 equal-width bins) is measured before and after. A
+temperature at the upper bound means the model is near chance on validation: calibrating would
+flatten every probability towards 1/C, so calibration is refused (skipped, saying why). The
+unknown threshold is the score that the share `accept` of the validation images reaches. What
+comes out goes into the sidecar, and `project.deploy.calibration` applies it identically in
+predict, infer and serve.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,10 @@ from project.deploy import calibration
 
 BINS = 15
 MAX_IMAGES = 10_000  # evenly spaced over the split beyond this: minutes, not hours, on a CPU
+# Temperatures that leave a model its answers: at 20 a logit gap of 10 (a confident answer) becomes
+# 0.5, nearly flat; below 0.05 every answer is sharpened to one-hot. Unbounded, a near-chance model's
+# fit ran off to 1.8e7 (every probability 1/C) and its energy threshold to ~3e7.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.05, 20.0
 
 
 def validation_loader(datamodule: object, size: int, crop_ratio: float, batch_size: int = 64) -> DataLoader:
@@ -72,7 +79,10 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
     with torch.enable_grad():
         optimizer.step(closure)
-    return float(log_t.detach().exp())
+    temperature = float(log_t.detach().exp())
+    if temperature != temperature:  # NaN: no finite optimum on these logits; the flat side is safe
+        return MAX_TEMPERATURE
+    return min(max(temperature, MIN_TEMPERATURE), MAX_TEMPERATURE)
 
 
 def ece(probabilities: torch.Tensor, labels: torch.Tensor) -> float:
@@ -104,9 +114,16 @@ def separation(known: np.ndarray, other: np.ndarray) -> float:
     return float(binary_auroc(scores, target))
 
 
-def calibrate(logits: torch.Tensor, labels: torch.Tensor, accept: float | None, score_name: str) -> dict:
-    """The sidecar's calibration keys for validation (logits, labels)."""
-    temperature = fit_temperature(logits, labels)
+def calibrate(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    accept: float | None,
+    score_name: str,
+    temperature: float | None = None,
+) -> dict:
+    """The sidecar's calibration keys for validation (logits, labels); fits the temperature unless given."""
+    if temperature is None:
+        temperature = fit_temperature(logits, labels)
     before = logits.double().softmax(1)
     after = torch.from_numpy(calibration.softmax(logits.numpy(), temperature))
     names = calibration.SCORES
@@ -167,7 +184,12 @@ def calibrate_export(
     except ValueError as e:
         return _skip(str(e))
     logits, labels = collect_logits(model, loader)
-    result = calibrate(logits, labels, accept, score_name)
+    if len(labels) == 0:
+        return _skip("every validation image was skipped as bad")
+    temperature = fit_temperature(logits, labels)
+    if temperature >= MAX_TEMPERATURE:
+        return _skip(flattening(logits, labels))
+    result = calibrate(logits, labels, accept, score_name, temperature)
     print(
         f"Calibrated on {len(labels)} validation images: temperature {result['temperature']:.3f}, "
         f"ECE {result['ece_before']:.4f} -> {result['ece_after']:.4f}"
@@ -179,6 +201,18 @@ def calibrate_export(
         )
     )
     return result
+
+
+def flattening(logits: torch.Tensor, labels: torch.Tensor) -> str:
+    """Why a temperature at the upper bound is refused: what it says about the model."""
+    accuracy = float((logits.argmax(1) == labels).double().mean())
+    classes = logits.shape[1]
+    return (
+        f"the fitted temperature reached {MAX_TEMPERATURE:g}, the upper bound: the model is near chance "
+        f"on the {len(labels)} validation images (accuracy {accuracy:.3f}, chance {1 / classes:.3f}) "
+        f"and calibrating would flatten every probability towards 1/{classes} "
+        "(train longer or check the labels, then export again)"
+    )
 
 
 def _skip(reason: str) -> dict:
