@@ -232,6 +232,27 @@ def test_predict_explain_writes_an_overlay_per_image(
     assert image.shape == (32, 32, 3) and image.std() > 0
 
 
+def test_flip_tta_keeps_the_exports_unknown_rule(
+    trained: Path, colours_root: Path, tmp_path: Path, workdir: Path
+) -> None:
+    # the threshold accepts 95% of the validation images; flip TTA must not move them all below it
+    ckpt = json.loads((trained / "latest.json").read_text())["source_checkpoint"]["path"]
+    unknown, top1 = {}, {}
+    for tta in ("none", "flip"):
+        output = tmp_path / f"{tta}.csv"
+        flags = [f"--ckpt_path={ckpt}", f"--data.predict_dir={colours_root / 'val'}", "--data.num_workers=0"]
+        flags += [f"--predictions.output={output}", f"--model.tta={tta}", "--trainer.logger=false"]
+        assert run_cli("predict", *flags) == 0
+        with open(output, newline="") as f:
+            answers = list(csv.DictReader(f))
+        assert len(answers) == 24
+        unknown[tta] = sum(r["class_name"] == "unknown" for r in answers)
+        top1[tta] = np.array([float(r["top1_probability"]) for r in answers])
+    assert unknown["none"] <= 3 and unknown["flip"] <= unknown["none"] + 3, unknown
+    # the export's temperature applies to flip's logits as to plain ones: confidences alike
+    assert abs(top1["flip"].mean() - top1["none"].mean()) < 0.1, (top1["flip"].mean(), top1["none"].mean())
+
+
 def test_the_temperature_is_bounded_on_uninformative_logits() -> None:
     generator = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 6, (600,), generator=generator)
