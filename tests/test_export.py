@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -200,6 +201,29 @@ def test_infer_errors_are_one_message(trained: Path, tmp_path: Path, capsys) -> 
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match=r"error: no image files in .*empty"):
         main(["--model", str(run_dir(trained) / "latest.onnx"), str(tmp_path / "empty")])
+
+
+def test_a_bad_validation_image_is_skipped_by_the_end_of_fit_export(
+    shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.bad_files import CASES
+
+    root = tmp_path / "data"
+    shutil.copytree(shapes_root, root)
+    truncated = next(case for case in CASES if case.kind == "truncated JPEG")
+    truncated.make(root / "val" / CLASSES[0] / truncated.name)
+    monkeypatch.chdir(tmp_path)
+    flags = ["--name=bad", "--export_best.enabled=true", "--export_best.quantize=int8"]
+    assert run_cli("fit", *fast_args(root, *flags, "--data.skip_bad_images=true")) == 0
+    folder = tmp_path / "checkpoints" / "bad"
+    meta = json.loads((folder / "latest.json").read_text())
+    assert meta["verification"]["passed"] is True and (folder / "latest.onnx").is_file()
+    assert set(meta["verification"]["batches"]) == {"random-1", "random-7", "real-1", "real-7"}
+    # calibration read the 24 good validation images (this near-chance model is then refused)
+    assert (
+        meta.get("calibration_images") == 24 or "on the 24 validation images" in meta["calibration_skipped"]
+    )
+    assert json.loads((folder / "latest-int8.json").read_text())["validation_images"] == 24
 
 
 def test_calibration_refuses_to_flatten_a_near_chance_model(

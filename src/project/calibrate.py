@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, default_collate
 from torchmetrics.classification import MulticlassCalibrationError
 
-from project.data.dataset import ImageDataset
+from project.data.dataset import ImageDataset, collate_skipping_none
 from project.data.transforms import eval_transform
 from project.deploy import calibration
 
@@ -48,25 +48,38 @@ def validation_loader(datamodule: object, size: int, crop_ratio: float, batch_si
         raise ValueError(f"'{root}' has no validation images")
     # decoded at setup by --data.cache (the export at the end of fit): read there, no workers to start
     decoded = (getattr(datamodule, "decoded", None) or {}).get("val")
-    dataset = ImageDataset(index, eval_transform(size, crop_ratio), cache=decoded)
+    # --data.skip_bad_images holds here as in training: a file that does not decode is left out
+    skip = bool(getattr(datamodule, "skip_bad_images", False))
+    dataset = ImageDataset(index, eval_transform(size, crop_ratio), skip, cache=decoded)
     if len(index) > MAX_IMAGES:
         dataset = Subset(dataset, np.linspace(0, len(index) - 1, MAX_IMAGES).astype(int).tolist())
     workers = 0 if decoded is not None else int(getattr(datamodule, "num_workers", 0) or 0)
-    return DataLoader(dataset, batch_size=batch_size, num_workers=workers)
+    collate = collate_skipping_none if skip else default_collate
+    return DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)
+
+
+def good_batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The (images, targets) batches of `loader`, less those whose every image was skipped as bad."""
+    return (batch for batch in loader if batch is not None)
 
 
 @torch.no_grad()
 def collect_logits(model: nn.Module, loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits [N, C] float32, labels [N]) of `model` (uint8 images in) over `loader`."""
     logits, labels = [], []
-    for images, targets in loader:
+    for images, targets in good_batches(loader):
         logits.append(model(images).float())
         labels.append(targets.long())
+    if not logits:
+        return torch.empty(0, 0), torch.empty(0, dtype=torch.long)
     return torch.cat(logits), torch.cat(labels)
 
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """The temperature minimizing the NLL of softmax(logits / T) on (logits, labels)."""
+    """The temperature in [MIN_TEMPERATURE, MAX_TEMPERATURE] minimizing the NLL of softmax(logits / T).
+
+    The NLL is convex in 1/T, so the best temperature within the bounds is the unbounded one clamped.
+    """
     log_t = torch.zeros(1, requires_grad=True)
     optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
     logits, labels = logits.double(), labels.long()

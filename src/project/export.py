@@ -24,7 +24,7 @@ from project.atomic import atomic_files, atomic_symlink
 from project.calibrate import calibrate_export, check_accept, check_score
 from project.calibrate import skipped as calibration_skipped
 from project.checkpoint_io import load_checkpoint_file
-from project.data.decode import load_rgb
+from project.data.decode import BadImageError, load_rgb
 from project.data.shapes import CLASSES, draw_shape
 from project.data.transforms import eval_transform
 from project.deploy import calibration
@@ -66,7 +66,18 @@ def validation_images(datamodule: object, count: int = 7) -> list[Path]:
         return []
     index = datamodule.splits["val"]
     step = max(1, len(index) // count)
-    return [index.path(i) for i in range(0, len(index), step)][:count]
+    picks = [index.path(i) for i in range(0, len(index), step)]
+    if getattr(datamodule, "skip_bad_images", False):
+        picks = [path for path in picks if _decodes(path)]  # as in training: undecodable files left out
+    return picks[:count]
+
+
+def _decodes(path: Path) -> bool:
+    try:
+        load_rgb(path)
+    except BadImageError:
+        return False
+    return True
 
 
 def load_for_export(checkpoint: dict) -> ImageClassifier:

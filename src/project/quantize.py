@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from project import calibrate
 from project.atomic import atomic_files, atomic_symlink
-from project.data.dataset import ImageDataset
+from project.data.dataset import ImageDataset, collate_skipping_none
 from project.data.transforms import eval_transform
 from project.deploy.infer import sidecar_multilabel
 from project.errors import UserError
@@ -37,8 +37,11 @@ class TrainingImages:
     def __init__(self, datamodule: object, size: int, crop_ratio: float, count: int = CALIBRATION_IMAGES):
         index = datamodule.splits["train"]
         picks = np.linspace(0, len(index) - 1, min(count, len(index))).astype(int)
-        dataset = ImageDataset(index.subset(picks), eval_transform(size, crop_ratio))
-        self._batches = iter(DataLoader(dataset, batch_size=32))
+        # --data.skip_bad_images holds here as in training: a file that does not decode is left out
+        skip = bool(getattr(datamodule, "skip_bad_images", False))
+        dataset = ImageDataset(index.subset(picks), eval_transform(size, crop_ratio), skip)
+        loader = DataLoader(dataset, batch_size=32, collate_fn=collate_skipping_none if skip else None)
+        self._batches = calibrate.good_batches(loader)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         batch = next(self._batches, None)
@@ -134,7 +137,7 @@ def measure(
             "measured": str(e),
         }
     float_logits, int8_logits, labels = [], [], []
-    for images, targets in loader:
+    for images, targets in calibrate.good_batches(loader):
         batch = images.numpy()
         float_logits.append(float_session.run(["logits"], {"images": batch})[0])
         int8_logits.append(int8_session.run(["logits"], {"images": batch})[0])
