@@ -17,7 +17,7 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from project import calibrate, export
+from project import calibrate, export, quantize
 from project.data.datamodule import ImageDataModule
 from project.data.shapes import CLASSES
 from project.export import ExportError, export_checkpoint, verification_batches, verify
@@ -275,8 +275,17 @@ def test_calibration_refuses_to_flatten_a_near_chance_model(
     assert "the model is near chance on the 24 validation images" in meta["calibration_skipped"]
     assert meta["temperature"] == 1.0 and meta["unknown_threshold"] is None
     data = ImageDataModule(root=str(shapes_root), image_size=32, batch_size=8, num_workers=0)
-    exported = export_checkpoint(run_dir(trained) / "last.ckpt", output_dir=tmp_path, datamodule=data)
+    exported = export_checkpoint(
+        run_dir(trained) / "last.ckpt", output_dir=tmp_path, datamodule=data, quantize="int8"
+    )
     assert exported.metadata["temperature"] == 1.0 and exported.metadata["unknown_threshold"] is None
+    int8 = json.loads((tmp_path / "latest-int8.json").read_text())
+    assert "near chance" in int8["calibration_skipped"] and int8["unknown_threshold"] is None
+    # the int8 model's own calibration (fitted when the float one was) is refused the same way
+    calibrated = {**exported.metadata, "unknown_quantiles": [0.0] * 101, "unknown_accept": 0.95}
+    calibrated["unknown_score"] = "energy"
+    measured = quantize.measure(exported.onnx, tmp_path / "latest-int8.onnx", data, 32, 0.875, calibrated)
+    assert "near chance" in measured.get("calibration_skipped", "") and measured["unknown_threshold"] is None
     out = capsys.readouterr().out
     assert (
         f"Calibration skipped: the fitted temperature reached {calibrate.MAX_TEMPERATURE:g}, the upper bound"

@@ -157,7 +157,12 @@ def measure(
         result["measured_as"] = "share of label decisions (at the sidecar's threshold) that agree"
     if not multilabel and meta.get("unknown_quantiles") is not None:
         accept = meta.get("unknown_accept")
-        result |= calibrate.calibrate(torch.from_numpy(q), torch.from_numpy(y), accept, meta["unknown_score"])
+        logits, labels = torch.from_numpy(q), torch.from_numpy(y)
+        temperature = calibrate.fit_temperature(logits, labels)
+        if temperature >= calibrate.MAX_TEMPERATURE:  # refused as for the float model (project.calibrate)
+            result |= calibrate.skipped(calibrate.flattening(logits, labels))
+        else:
+            result |= calibrate.calibrate(logits, labels, accept, meta["unknown_score"], temperature)
     return result
 
 
