@@ -133,6 +133,7 @@ def test_the_multilabel_config_trains_logs_per_label_metrics_predicts_and_export
 ) -> None:
     labels = multishapes / "labels.csv"
     args = fast_args(multishapes, "--name=ml", "--export_best.enabled=true", f"--data.labels_csv={labels}")
+    args.append("--export_best.quantize=int8")
     assert run_cli("fit", "--config", str(CONFIG), *args) == 0
 
     tags = scalar_tags(workdir / "logs" / "ml")
@@ -183,3 +184,16 @@ def test_the_multilabel_config_trains_logs_per_label_metrics_predicts_and_export
         for name in CLASSES:
             difference = float(other[f"probability_{name}"]) - float(row[f"probability_{name}"])
             assert abs(difference) <= 5 * DECODER_BOUND, (row["file"], name)
+
+    # the int8 export of a multi-label model: measured on its label decisions, and it runs
+    int8 = json.loads((run / "latest-int8.json").read_text())
+    assert int8["task"] == "multilabel" and int8["validation_images"] == 16
+    assert int8["agreement"] >= 0.9 and abs(int8["accuracy_int8"] - int8["accuracy_float"]) <= 0.1
+    quantized = tmp_path / "int8.csv"
+    infer(["--model", str(run / "latest-int8.onnx"), "--output", str(quantized), str(multishapes / "val")])
+    with open(quantized, newline="") as f:
+        by_int8 = {Path(r["file"]).name: r for r in csv.DictReader(f)}
+    for name, row in by_infer.items():
+        for label in CLASSES:
+            difference = float(by_int8[name][f"probability_{label}"]) - float(row[f"probability_{label}"])
+            assert abs(difference) <= 0.1, (name, label)

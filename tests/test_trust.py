@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from project import calibrate
-from project.data.shapes import CLASSES, draw_shape
+from project.data.shapes import CLASSES
 from project.deploy import calibration
 from project.deploy.calibration import Calibration
 from project.deploy.infer import Classifier
@@ -30,6 +30,7 @@ CALIBRATION_KEYS = {
     "unknown_accept",
     "unknown_threshold",
 }
+BINS_NEAR_CHANCE = 3  # the reliability bins of top probabilities below 0.2 (chance: 1/6)
 INT8_KEYS = {"agreement", "accuracy_float", "accuracy_int8", "latency_ms", "quantization"}
 
 
@@ -73,8 +74,32 @@ def test_calibration_is_skipped_with_a_reason(capsys: pytest.CaptureFixture[str]
     assert "multi-label" in keys["calibration_skipped"]
 
 
+# one colour per class: learnt within the 6 optimizer steps of the fixture's fit (val/acc 0.5),
+# where the shapes stay near chance and calibration is refused (it would flatten the model)
+PALETTE = [(220, 40, 40), (40, 200, 40), (40, 40, 220), (230, 230, 40), (200, 40, 200), (40, 210, 210)]
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path:
+def colours_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """train/ and val/ of 6 classes, 8 + 4 noisy 32x32 PNGs each, told apart by their colour."""
+    root = tmp_path_factory.mktemp("data") / "colours"
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 8), ("val", 4)):
+        for colour, name in zip(PALETTE, CLASSES, strict=True):
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                coloured(colour, rng).save(root / split / name / f"{i}.png")
+    return root
+
+
+def coloured(colour: tuple[int, int, int], rng: np.random.Generator, size: int = 32) -> Image.Image:
+    """A square image of `colour` with noise: an image of that colour's class."""
+    pixels = np.clip(np.array(colour) + rng.normal(0, 25, (size, size, 3)), 0, 255)
+    return Image.fromarray(pixels.astype(np.uint8))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, colours_root: Path) -> Path:
     """A fit whose end-of-fit export is calibrated and quantized; returns the run's checkpoint folder."""
     work = tmp_path_factory.mktemp("trust-work")
     with pytest.MonkeyPatch.context() as mp:
@@ -85,26 +110,35 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path
             "--export_best.quantize=int8",
             "--trainer.max_epochs=2",
         ]
-        assert run_cli("fit", *fast_args(shapes_root, *flags)) == 0
+        assert run_cli("fit", *fast_args(colours_root, *flags)) == 0
     return work / "checkpoints" / "t"
 
 
 @pytest.fixture(scope="module")
 def pngs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A drawn shape of each class and three photos of something else, as PNGs (lossless: one decode)."""
+    """An image of each class and three photos of something else, as PNGs (lossless: one decode).
+
+    37 px, the size the eval transform resizes to before its 32 px centre crop: no resize, so
+    torchvision (predict) and Pillow (infer, serve) see the same pixels.
+    """
     folder = tmp_path_factory.mktemp("trust-images")
     rng = np.random.default_rng(3)
-    for name in CLASSES:
-        Image.fromarray(np.asarray(draw_shape(name, 32, rng))).save(folder / f"{name}.png")
+    for colour, name in zip(PALETTE, CLASSES, strict=True):
+        coloured(colour, rng, 37).save(folder / f"{name}.png")
     for i in range(3):
-        Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(folder / f"noise{i}.png")
+        Image.fromarray(rng.integers(0, 256, (37, 37, 3), dtype=np.uint8)).save(folder / f"noise{i}.png")
     return folder
 
 
 def test_the_export_records_its_calibration(trained: Path) -> None:
     meta = json.loads((trained / "latest.json").read_text())
     assert set(meta) >= CALIBRATION_KEYS
-    assert meta["temperature"] > 0 and meta["ece_after"] <= meta["ece_before"] + 1e-6
+    # a temperature that keeps the model's answers (not one that flattens them to 1/6, which also
+    # lowers the ECE), and an energy threshold on the scale of the logits
+    assert calibrate.MIN_TEMPERATURE < meta["temperature"] < calibrate.MAX_TEMPERATURE
+    assert meta["ece_after"] <= meta["ece_before"] + 1e-6
+    assert meta["reliability"]["after"]["count"][BINS_NEAR_CHANCE:] != [0] * (15 - BINS_NEAR_CHANCE)
+    assert 0 < meta["unknown_threshold"] < 100
     assert meta["unknown_score"] == "energy" and meta["unknown_accept"] == 0.95
     assert meta["unknown_threshold"] == pytest.approx(
         calibration.threshold_for(meta["unknown_quantiles"], 0.95)
@@ -181,8 +215,24 @@ def test_the_int8_export_is_measured_and_runs(trained: Path, pngs: Path) -> None
     assert set(meta) >= INT8_KEYS | CALIBRATION_KEYS
     assert meta["files"] == {"onnx": int8.name} and 0 <= meta["agreement"] <= 1
     assert set(meta["latency_ms"]) == {"float", "int8"} and set(meta["latency_ms"]["int8"]) == {"1", "8"}
-    answers = list(Classifier(trained / "latest-int8.onnx").classify(sorted(pngs.iterdir()), top_k=2))
-    assert len(answers) == 9 and all(abs(sum(a.probabilities) - 1) < 1 for a in answers)
+    # the int8 model answers as the float one: the same top-1 on the validation images (measured
+    # at export) and on these, probabilities within a bound
+    assert meta["agreement"] >= 0.9 and meta["validation_images"] == 24
+    assert abs(meta["accuracy_int8"] - meta["accuracy_float"]) <= 0.1
+    files = sorted(pngs.iterdir())
+    full = {kind: Classifier(trained / f"latest{kind}.onnx") for kind in ("", "-int8")}
+    answers = {kind: list(c.classify(files, top_k=len(CLASSES))) for kind, c in full.items()}
+    assert len(answers["-int8"]) == 9
+    for f, q in zip(answers[""], answers["-int8"], strict=True):
+        assert sum(q.probabilities) == pytest.approx(1, abs=1e-6)
+        float_p = dict(zip(f.names, f.probabilities, strict=True))
+        assert max(abs(float_p[c] - p) for c, p in zip(q.names, q.probabilities, strict=True)) < 0.15
+    same = sum(f.names[0] == q.names[0] for f, q in zip(answers[""], answers["-int8"], strict=True))
+    assert same >= 8
+    # top_k=2 lists the two largest of those probabilities, in order
+    for a, top2 in zip(answers["-int8"], full["-int8"].classify(files, top_k=2), strict=True):
+        assert top2.probabilities == pytest.approx(a.probabilities[:2], abs=1e-9)
+        assert top2.probabilities[0] >= top2.probabilities[1] and sum(top2.probabilities) <= 1 + 1e-9
 
 
 def test_predict_explain_writes_an_overlay_per_image(
@@ -196,3 +246,35 @@ def test_predict_explain_writes_an_overlay_per_image(
     assert overlays == sorted(f"{p.name}.cam.png" for p in pngs.iterdir())
     image = np.asarray(Image.open(tmp_path / "cam" / "circle.png.cam.png"))
     assert image.shape == (32, 32, 3) and image.std() > 0
+
+
+def test_flip_tta_keeps_the_exports_unknown_rule(
+    trained: Path, colours_root: Path, tmp_path: Path, workdir: Path
+) -> None:
+    # the threshold accepts 95% of the validation images; flip TTA must not move them all below it
+    ckpt = json.loads((trained / "latest.json").read_text())["source_checkpoint"]["path"]
+    unknown, top1 = {}, {}
+    for tta in ("none", "flip"):
+        output = tmp_path / f"{tta}.csv"
+        flags = [f"--ckpt_path={ckpt}", f"--data.predict_dir={colours_root / 'val'}", "--data.num_workers=0"]
+        flags += [f"--predictions.output={output}", f"--model.tta={tta}", "--trainer.logger=false"]
+        assert run_cli("predict", *flags) == 0
+        with open(output, newline="") as f:
+            answers = list(csv.DictReader(f))
+        assert len(answers) == 24
+        unknown[tta] = sum(r["class_name"] == "unknown" for r in answers)
+        top1[tta] = np.array([float(r["top1_probability"]) for r in answers])
+    assert unknown["none"] <= 3 and unknown["flip"] <= unknown["none"] + 3, unknown
+    # the export's temperature applies to flip's logits as to plain ones: confidences alike
+    assert abs(top1["flip"].mean() - top1["none"].mean()) < 0.1, (top1["flip"].mean(), top1["none"].mean())
+
+
+def test_the_temperature_is_bounded_on_uninformative_logits() -> None:
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 6, (600,), generator=generator)
+    logits = torch.randn(600, 6, generator=generator) * 3  # confident, and unrelated to the labels
+    temperature = calibrate.fit_temperature(logits, labels)
+    assert temperature == pytest.approx(calibrate.MAX_TEMPERATURE)
+    always_right = logits * 0.003
+    always_right[torch.arange(600), labels] += 0.1  # right by a small margin every time: T towards 0
+    assert calibrate.fit_temperature(always_right, labels) == pytest.approx(calibrate.MIN_TEMPERATURE)

@@ -1,29 +1,36 @@
 """The calibration step of `export`: a temperature and an unknown threshold fitted on the validation split.
 
 The temperature T minimizes the negative log-likelihood of softmax(logits / T) on the validation
-images (LBFGS on log T, so T stays positive); the expected calibration error (torchmetrics,
-15 equal-width bins) is measured before and after. The unknown threshold is the score that the
-share `accept` of the validation images reaches. What comes out goes into the sidecar, and
-`project.deploy.calibration` applies it identically in predict, infer and serve.
+images (LBFGS on log T, so T stays positive), within [MIN_TEMPERATURE, MAX_TEMPERATURE]; the
+expected calibration error (torchmetrics, 15 equal-width bins) is measured before and after. A
+temperature at the upper bound means the model is near chance on validation: calibrating would
+flatten every probability towards 1/C, so calibration is refused (skipped, saying why). The
+unknown threshold is the score that the share `accept` of the validation images reaches. What
+comes out goes into the sidecar, and `project.deploy.calibration` applies it identically in
+predict, infer and serve.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, default_collate
 from torchmetrics.classification import MulticlassCalibrationError
 
-from project.data.dataset import ImageDataset
+from project.data.dataset import ImageDataset, collate_skipping_none
 from project.data.transforms import eval_transform
 from project.deploy import calibration
 
 BINS = 15
 MAX_IMAGES = 10_000  # evenly spaced over the split beyond this: minutes, not hours, on a CPU
+# Temperatures that leave a model its answers: at 20 a logit gap of 10 (a confident answer) becomes
+# 0.5, nearly flat; below 0.05 every answer is sharpened to one-hot. Unbounded, a near-chance model's
+# fit ran off to 1.8e7 (every probability 1/C) and its energy threshold to ~3e7.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.05, 20.0
 
 
 def validation_loader(datamodule: object, size: int, crop_ratio: float, batch_size: int = 64) -> DataLoader:
@@ -41,25 +48,38 @@ def validation_loader(datamodule: object, size: int, crop_ratio: float, batch_si
         raise ValueError(f"'{root}' has no validation images")
     # decoded at setup by --data.cache (the export at the end of fit): read there, no workers to start
     decoded = (getattr(datamodule, "decoded", None) or {}).get("val")
-    dataset = ImageDataset(index, eval_transform(size, crop_ratio), cache=decoded)
+    # --data.skip_bad_images holds here as in training: a file that does not decode is left out
+    skip = bool(getattr(datamodule, "skip_bad_images", False))
+    dataset = ImageDataset(index, eval_transform(size, crop_ratio), skip, cache=decoded)
     if len(index) > MAX_IMAGES:
         dataset = Subset(dataset, np.linspace(0, len(index) - 1, MAX_IMAGES).astype(int).tolist())
     workers = 0 if decoded is not None else int(getattr(datamodule, "num_workers", 0) or 0)
-    return DataLoader(dataset, batch_size=batch_size, num_workers=workers)
+    collate = collate_skipping_none if skip else default_collate
+    return DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)
+
+
+def good_batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The (images, targets) batches of `loader`, less those whose every image was skipped as bad."""
+    return (batch for batch in loader if batch is not None)
 
 
 @torch.no_grad()
 def collect_logits(model: nn.Module, loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits [N, C] float32, labels [N]) of `model` (uint8 images in) over `loader`."""
     logits, labels = [], []
-    for images, targets in loader:
+    for images, targets in good_batches(loader):
         logits.append(model(images).float())
         labels.append(targets.long())
+    if not logits:
+        return torch.empty(0, 0), torch.empty(0, dtype=torch.long)
     return torch.cat(logits), torch.cat(labels)
 
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """The temperature minimizing the NLL of softmax(logits / T) on (logits, labels)."""
+    """The temperature in [MIN_TEMPERATURE, MAX_TEMPERATURE] minimizing the NLL of softmax(logits / T).
+
+    The NLL is convex in 1/T, so the best temperature within the bounds is the unbounded one clamped.
+    """
     log_t = torch.zeros(1, requires_grad=True)
     optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
     logits, labels = logits.double(), labels.long()
@@ -72,7 +92,10 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
 
     with torch.enable_grad():
         optimizer.step(closure)
-    return float(log_t.detach().exp())
+    temperature = float(log_t.detach().exp())
+    if temperature != temperature:  # NaN: no finite optimum on these logits; the flat side is safe
+        return MAX_TEMPERATURE
+    return min(max(temperature, MIN_TEMPERATURE), MAX_TEMPERATURE)
 
 
 def ece(probabilities: torch.Tensor, labels: torch.Tensor) -> float:
@@ -104,9 +127,16 @@ def separation(known: np.ndarray, other: np.ndarray) -> float:
     return float(binary_auroc(scores, target))
 
 
-def calibrate(logits: torch.Tensor, labels: torch.Tensor, accept: float | None, score_name: str) -> dict:
-    """The sidecar's calibration keys for validation (logits, labels)."""
-    temperature = fit_temperature(logits, labels)
+def calibrate(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    accept: float | None,
+    score_name: str,
+    temperature: float | None = None,
+) -> dict:
+    """The sidecar's calibration keys for validation (logits, labels); fits the temperature unless given."""
+    if temperature is None:
+        temperature = fit_temperature(logits, labels)
     before = logits.double().softmax(1)
     after = torch.from_numpy(calibration.softmax(logits.numpy(), temperature))
     names = calibration.SCORES
@@ -167,7 +197,12 @@ def calibrate_export(
     except ValueError as e:
         return _skip(str(e))
     logits, labels = collect_logits(model, loader)
-    result = calibrate(logits, labels, accept, score_name)
+    if len(labels) == 0:
+        return _skip("every validation image was skipped as bad")
+    temperature = fit_temperature(logits, labels)
+    if temperature >= MAX_TEMPERATURE:
+        return _skip(flattening(logits, labels))
+    result = calibrate(logits, labels, accept, score_name, temperature)
     print(
         f"Calibrated on {len(labels)} validation images: temperature {result['temperature']:.3f}, "
         f"ECE {result['ece_before']:.4f} -> {result['ece_after']:.4f}"
@@ -179,6 +214,18 @@ def calibrate_export(
         )
     )
     return result
+
+
+def flattening(logits: torch.Tensor, labels: torch.Tensor) -> str:
+    """Why a temperature at the upper bound is refused: what it says about the model."""
+    accuracy = float((logits.argmax(1) == labels).double().mean())
+    classes = logits.shape[1]
+    return (
+        f"the fitted temperature reached {MAX_TEMPERATURE:g}, the upper bound: the model is near chance "
+        f"on the {len(labels)} validation images (accuracy {accuracy:.3f}, chance {1 / classes:.3f}) "
+        f"and calibrating would flatten every probability towards 1/{classes} "
+        "(train longer or check the labels, then export again)"
+    )
 
 
 def _skip(reason: str) -> dict:

@@ -24,14 +24,18 @@ from project.atomic import atomic_files, atomic_symlink
 from project.calibrate import calibrate_export, check_accept, check_score
 from project.calibrate import skipped as calibration_skipped
 from project.checkpoint_io import load_checkpoint_file
-from project.data.decode import load_rgb
+from project.data.decode import BadImageError, load_rgb
 from project.data.shapes import CLASSES, draw_shape
 from project.data.transforms import eval_transform
 from project.deploy import calibration
 from project.errors import UserError
 from project.model import ImageClassifier
 
-TOLERANCE = 1e-4  # max |logit difference| accepted between the exported and the PyTorch model
+# The max |logit difference| accepted between an exported and the PyTorch model, per batch:
+# ATOL + RTOL * max |logit|. float32 rounding grows with the logits' scale: a resnet18 whose
+# logits reach ~250 differs by 4.6e-4 to 1.4e-3 (a relative 5.6e-6) with nothing wrong, so a
+# fixed bound refuses sound exports; a wrong weight or normalisation moves logits by far more.
+ATOL, RTOL = 1e-4, 2e-5
 FORMATS = ("onnx", "pt2")
 
 
@@ -66,7 +70,18 @@ def validation_images(datamodule: object, count: int = 7) -> list[Path]:
         return []
     index = datamodule.splits["val"]
     step = max(1, len(index) // count)
-    return [index.path(i) for i in range(0, len(index), step)][:count]
+    picks = [index.path(i) for i in range(0, len(index), step)]
+    if getattr(datamodule, "skip_bad_images", False):
+        picks = [path for path in picks if _decodes(path)]  # as in training: undecodable files left out
+    return picks[:count]
+
+
+def _decodes(path: Path) -> bool:
+    try:
+        load_rgb(path)
+    except BadImageError:
+        return False
+    return True
 
 
 def load_for_export(checkpoint: dict) -> ImageClassifier:
@@ -260,18 +275,30 @@ def verify(model: nn.Module, onnx_path: Path, pt2_path: Path, batches: dict[str,
                 "onnxruntime": session.run(["logits"], {"images": batch.numpy()})[0],
                 "pt2": program(batch).numpy(),
             }
+        scale = float(np.abs(expected).max())
+        bound = ATOL + RTOL * scale
         for runtime, logits in candidates.items():
             diff = float(np.abs(logits - expected).max())
             same_top1 = bool((logits.argmax(1) == expected.argmax(1)).all())
-            report.setdefault(runtime, {})[name] = {"max_abs_diff": diff, "top1_equal": same_top1}
-            if not (diff <= TOLERANCE and same_top1):
-                failures.append(f"{runtime} on {name}: max |logit diff| {diff:.2e}, top-1 equal: {same_top1}")
+            report.setdefault(runtime, {})[name] = {
+                "max_abs_diff": diff,
+                "max_abs_logit": scale,
+                "bound": bound,
+                "top1_equal": same_top1,
+            }
+            if not (diff <= bound and same_top1):
+                failures.append(
+                    f"{runtime} on {name}: max |logit diff| {diff:.2e} (bound {bound:.2e} for logits up "
+                    f"to {scale:.3g}), top-1 equal: {same_top1}"
+                )
     if failures:
         raise ExportError(
-            f"Export verification failed ({'; '.join(failures)}; tolerance {TOLERANCE:g}); no file was kept.",
+            f"Export verification failed ({'; '.join(failures)}; bound {ATOL:g} + {RTOL:g} x max |logit|); "
+            "no file was kept.",
             "check that the backbone exports cleanly (torch.export) or try another --opset.",
         )
-    return {"passed": True, "tolerance": TOLERANCE, "batches": list(batches), "results": report}
+    tolerance = {"atol": ATOL, "rtol": RTOL, "rule": "max |diff| <= atol + rtol * max |logit|, per batch"}
+    return {"passed": True, "tolerance": tolerance, "batches": list(batches), "results": report}
 
 
 def _monitored(checkpoint: dict) -> tuple[str, float | None]:

@@ -179,7 +179,7 @@ class ImageClassifier(L.LightningModule):
             layer_decay: Fine-tuning: the backbone, cut into 8 levels from the head down, learns at
                 lr x layer_decay^k at level k (1.0: one learning rate for all; 0.7 is a common choice).
             tta: Test-time augmentation in validate, test and predict: none, or flip (the mean of the
-                class probabilities of the image and its mirror image). Not part of exports.
+                logits of the image and its mirror image). Not part of exports.
             bn_momentum: Set every BatchNorm's momentum. torchvision's mobilenet/efficientnet/mnasnet use
                 0.01 or less, tuned for long ImageNet runs: a short run from scratch needs about 0.1,
                 or its running statistics (used in evaluation) never catch up.
@@ -419,14 +419,19 @@ class ImageClassifier(L.LightningModule):
         return self._views_logits(batch[0]).float()
 
     def _views_logits(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits for evaluation: with `tta=flip`, those of the mean class probabilities of the image and
-        its mirror image (log of the mean softmax; for multi-label the logit of the mean sigmoid)."""
+        """Logits for evaluation: with `tta=flip`, the mean of the logits of the image and its mirror
+        image (for multi-label the logit of the mean sigmoid).
+
+        The mean of logits, not the log of the mean softmax: log-probabilities are logits of another
+        kind (their logsumexp is 0), so the export's temperature and unknown threshold, fitted on
+        plain logits, would answer every image `unknown`; a mean of logits is on their scale.
+        """
         if self.tta == "none":
             return self(images)
         views = torch.stack([self(images), self(images.flip(-1))]).float()
         if self.multilabel:
             return torch.logit(views.sigmoid().mean(0), eps=1e-6)
-        return torch.logsumexp(views.log_softmax(dim=-1), dim=0) - math.log(len(views))
+        return views.mean(0)
 
     # ---- optimization ----
 

@@ -5,7 +5,8 @@ tensor (uint8), the classification head left in float, with activation ranges ca
 training images preprocessed exactly as `infer` preprocesses (decode, resize, centre crop). It is
 written beside the float model as `<name>-int8.onnx` with its own sidecar: the float sidecar plus
 what was measured on the validation split (the share of images whose top-1 agrees with the float
-model, the accuracy of each) and the latency of each at batch 1 and 8. Its temperature and unknown
+model, the accuracy of each; for a multi-label model the share of label decisions, at the
+sidecar's threshold) and the latency of each at batch 1 and 8. Its temperature and unknown
 threshold are fitted again on its own validation logits. `infer` and `serve` run it like any export.
 """
 
@@ -22,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from project import calibrate
 from project.atomic import atomic_files, atomic_symlink
-from project.data.dataset import ImageDataset
+from project.data.dataset import ImageDataset, collate_skipping_none
 from project.data.transforms import eval_transform
 from project.deploy.infer import sidecar_multilabel
 from project.errors import UserError
@@ -37,8 +38,11 @@ class TrainingImages:
     def __init__(self, datamodule: object, size: int, crop_ratio: float, count: int = CALIBRATION_IMAGES):
         index = datamodule.splits["train"]
         picks = np.linspace(0, len(index) - 1, min(count, len(index))).astype(int)
-        dataset = ImageDataset(index.subset(picks), eval_transform(size, crop_ratio))
-        self._batches = iter(DataLoader(dataset, batch_size=32))
+        # --data.skip_bad_images holds here as in training: a file that does not decode is left out
+        skip = bool(getattr(datamodule, "skip_bad_images", False))
+        dataset = ImageDataset(index.subset(picks), eval_transform(size, crop_ratio), skip)
+        loader = DataLoader(dataset, batch_size=32, collate_fn=collate_skipping_none if skip else None)
+        self._batches = calibrate.good_batches(loader)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         batch = next(self._batches, None)
@@ -86,8 +90,9 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
     atomic_symlink(final.with_name("latest-int8.onnx"), final.name)
     atomic_symlink(final.with_name("latest-int8.json"), sidecar.name)
     q = int8_meta
+    what = "label decisions agree" if sidecar_multilabel(meta) else "top-1 agrees"
     print(
-        f"int8 model {final}: top-1 agrees with float on {q['agreement']:.2%} of validation images, "
+        f"int8 model {final}: {what} with float on {q['agreement']:.2%} of validation images, "
         f"accuracy {q['accuracy_float']:.4f} -> {q['accuracy_int8']:.4f}, batch 8 "
         f"{q['latency_ms']['float']['8']:.2f} -> {q['latency_ms']['int8']['8']:.2f} ms"
     )
@@ -134,22 +139,45 @@ def measure(
             "measured": str(e),
         }
     float_logits, int8_logits, labels = [], [], []
-    for images, targets in loader:
+    for images, targets in calibrate.good_batches(loader):
         batch = images.numpy()
         float_logits.append(float_session.run(["logits"], {"images": batch})[0])
         int8_logits.append(int8_session.run(["logits"], {"images": batch})[0])
         labels.append(targets.numpy())
     f, q, y = np.concatenate(float_logits), np.concatenate(int8_logits), np.concatenate(labels)
+    multilabel = sidecar_multilabel(meta)
+    float_answer, int8_answer = answers(f, meta, multilabel), answers(q, meta, multilabel)
     result |= {
-        "agreement": float((f.argmax(1) == q.argmax(1)).mean()),
-        "accuracy_float": float((f.argmax(1) == y).mean()),
-        "accuracy_int8": float((q.argmax(1) == y).mean()),
+        "agreement": agreement(float_answer, int8_answer),
+        "accuracy_float": agreement(float_answer, y),
+        "accuracy_int8": agreement(int8_answer, y),
         "validation_images": len(y),
     }
-    if not sidecar_multilabel(meta) and meta.get("unknown_quantiles") is not None:
+    if multilabel:
+        result["measured_as"] = "share of label decisions (at the sidecar's threshold) that agree"
+    if not multilabel and meta.get("unknown_quantiles") is not None:
         accept = meta.get("unknown_accept")
-        result |= calibrate.calibrate(torch.from_numpy(q), torch.from_numpy(y), accept, meta["unknown_score"])
+        logits, labels = torch.from_numpy(q), torch.from_numpy(y)
+        temperature = calibrate.fit_temperature(logits, labels)
+        if temperature >= calibrate.MAX_TEMPERATURE:  # refused as for the float model (project.calibrate)
+            result |= calibrate.skipped(calibrate.flattening(logits, labels))
+        else:
+            result |= calibrate.calibrate(logits, labels, accept, meta["unknown_score"], temperature)
     return result
+
+
+def answers(logits: np.ndarray, meta: dict, multilabel: bool) -> np.ndarray:
+    """What a model answers: the top-1 class [N], or multi-label the label decisions [N, C] (0/1)."""
+    if not multilabel:
+        return logits.argmax(1)
+    with np.errstate(over="ignore"):  # exp(-logit) of a very negative logit: inf, a probability of 0
+        probabilities = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    return (probabilities >= float(meta.get("threshold", 0.5))).astype(np.uint8)
+
+
+def agreement(a: np.ndarray, b: np.ndarray) -> float:
+    """The share of answers (top-1 classes, or multi-label label decisions) that are equal."""
+    return float((a == np.asarray(b).astype(a.dtype)).mean())
 
 
 def latency(sessions: dict[str, object], size: int, repeats: int = 20) -> dict[str, dict[str, float]]:
