@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -222,3 +224,29 @@ def test_only_tracked_files_are_copied_with_their_working_tree_content(tmp_path:
     assert not (copy / "fit.log").exists() and not (copy / "configs" / "notes.yaml").exists()
     assert (copy / "README.md").read_text().endswith("\nA local edit.\n")
     assert (copy / "src" / "stray_check" / "__init__.py").is_file()
+
+
+def doc_example_names() -> list[str]:
+    """The names the README and docs/new-task.md pass to `new` in their examples."""
+    docs = [new.TEMPLATE_ROOT / "README.md", new.TEMPLATE_ROOT / "docs" / "new-task.md"]
+    return sorted({m for doc in docs for m in re.findall(r" new \S+ --name (\w+)", doc.read_text())})
+
+
+@pytest.mark.parametrize("name", doc_example_names())
+def test_a_clone_named_as_in_the_docs_copies_itself_cleanly(tmp_path: Path, name: str) -> None:
+    """What the clone's own test_new does: copy it again, and find no leftover of its name; the copy is
+    an ordinary folder (the umask's mode), not a private one."""
+    assert len(doc_example_names()) >= 2
+    mask = os.umask(0o022)
+    try:
+        clone = tmp_path / name
+        new.create(clone, name)
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(clone.stat().st_mode) == 0o755
+    again = tmp_path / "again"
+    new.create(again, "leafnet", root=clone, old=name)
+    assert new.leftovers(again, name) == []
+    assert (
+        "--name " + name in (again / "README.md").read_text() + (again / "docs" / "new-task.md").read_text()
+    )

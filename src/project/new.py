@@ -61,8 +61,17 @@ EXCLUDED_TOP = ("data",)
 KEEP_ONLY_GITKEEP = ("logs", "checkpoints")
 
 # Where the copy may still say the old name: prose ("this project"), pyproject's [project] tables,
-# and a test helper function called project(...).
-INTENTIONAL = (r"this project\b", r"the project\b", r"new project\b", r"\[project\b", r"\bproject\(")
+# a test helper function called project(...), and the docs' example of `new` (`--name my_task`, its
+# commit `Start my_task`): a copy of a copy named like the example keeps that example as it was.
+INTENTIONAL = (
+    r"this project\b",
+    r"the project\b",
+    r"new project\b",
+    r"\[project\b",
+    r"\bproject\(",
+    r"--name \w+",
+    r"`Start \w+`",
+)
 
 # PEP 508's rule for a distribution name: ASCII letters and digits, with . _ - only inside.
 PEP508_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
@@ -210,6 +219,8 @@ def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE
     rules = renamer(old, name)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    # mkdtemp makes the folder private (0700); the copy is an ordinary folder, as mkdir would make it
+    staging.chmod(0o777 & ~current_umask())
     try:
         for rel in files:
             target = staging / re.sub(rf"^src/{re.escape(old)}/", f"src/{name}/", rel)
@@ -231,6 +242,13 @@ def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return len(files), commit
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _tidy(folder: Path) -> None:
