@@ -245,7 +245,7 @@ def test_a_clone_named_as_in_the_docs_copies_itself_cleanly(tmp_path: Path, name
         os.umask(mask)
     assert stat.S_IMODE(clone.stat().st_mode) == 0o755
     again = tmp_path / "again"
-    new.create(again, "leafnet", root=clone, old=name)
+    new.create(again, f"{name}_again", root=clone, old=name)  # not this package's name, in any clone
     assert new.leftovers(again, name) == []
     assert (
         "--name " + name in (again / "README.md").read_text() + (again / "docs" / "new-task.md").read_text()
