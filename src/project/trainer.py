@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import lightning as L
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from project import memory, tuning
@@ -32,6 +33,12 @@ class Trainer(L.Trainer):
         if not any(isinstance(p, CheckpointIO) for p in plugins):  # a user's own CheckpointIO wins
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         super().__init__(*args, **kwargs)
+        if str(kwargs.get("precision")) in ("16-mixed", "16") and self.precision == "bf16-mixed":
+            # Lightning warns once per process, in a warning that is easy to miss: said on every run
+            rank_zero_info(
+                "Precision: 16-mixed (float16) has no autocast on the CPU; this run uses bf16-mixed "
+                "(bfloat16) instead."
+            )
 
     @override
     def fit(self, *args: Any, **kwargs: Any) -> None:
