@@ -23,7 +23,7 @@ from project.audit.images import read_images
 from project.audit.labels import find_label_issues
 from project.audit.outliers import outlier_percentiles
 from project.audit.report import Findings, summary, write_clean_list, write_findings
-from project.cli import ProjectCLI, config_folder
+from project.cli import ProjectCLI, config_folder, packaged_configs
 from project.config_checks import check_cli_config, positive_int, require
 from project.data.dataset import ImageDataset
 from project.errors import UserError, user_message
@@ -118,7 +118,8 @@ class AuditCLI(ProjectCLI):
     @override
     def parse_arguments(self, parser: Any, args: list[str] | None) -> None:
         """configs/default.yaml first, as for every fit, then the user's configs and flags."""
-        self.config = parser.parse_args(["--config", str(config_folder() / "default.yaml"), *(args or [])])
+        args = packaged_configs(list(args or []))
+        self.config = parser.parse_args(["--config", str(config_folder() / "default.yaml"), *args])
 
     @override
     def before_instantiate_classes(self) -> None:
