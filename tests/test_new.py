@@ -250,3 +250,25 @@ def test_a_clone_named_as_in_the_docs_copies_itself_cleanly(tmp_path: Path, name
     assert (
         "--name " + name in (again / "README.md").read_text() + (again / "docs" / "new-task.md").read_text()
     )
+
+
+def test_an_installed_copy_puts_back_the_checkout_it_came_from(tmp_path: Path) -> None:
+    """What a wheel holds (the package with its links followed) gives back the checkout's files and links;
+    tests/test_installed.py runs `new` from a real installation."""
+    installed = tmp_path / "site" / OLD
+    shutil.copytree(
+        new.PACKAGE_DIR, installed, ignore=shutil.ignore_patterns("__pycache__")
+    )  # links followed
+    with new.installed_template(installed) as root:
+        files = new.template_files(root)
+        links = {rel: os.readlink(root / rel) for rel in files if (root / rel).is_symlink()}
+        assert files == new.template_files(new.TEMPLATE_ROOT)
+        assert (root / ".gitignore").read_text() == (new.TEMPLATE_ROOT / ".gitignore").read_text()
+    assert links[f"src/{OLD}/configs"] == "../../configs"
+    assert links[f"src/{OLD}/template/gitignore"] == "../../../.gitignore"
+
+
+def test_an_installed_copy_without_the_template_says_how_to_get_it(tmp_path: Path) -> None:
+    message = r"has no template to copy .* Fix: reinstall it from a checkout"
+    with pytest.raises(UserError, match=message), new.installed_template(tmp_path):
+        pass
