@@ -175,3 +175,18 @@ def test_new_from_the_installed_package_makes_the_checkout_clone(
     assert [rel for rel in made if made[rel] != checkout_clone[rel]] == []
     assert os.access(dest / ".ci" / "run", os.X_OK)
     assert os.readlink(dest / "src" / "leafnet" / "configs") == "../../configs"
+
+
+def test_the_readme_preset_paths_work_from_another_folder(installed: Path, elsewhere: Path) -> None:
+    """`--config configs/presets/debug.yaml` as the README writes it: the package's own configs/."""
+    done = run(
+        installed,
+        elsewhere,
+        *launchers(installed)["project"],
+        "fit",
+        "--config",
+        "configs/presets/debug.yaml",
+        "--print_config",
+    )
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load(done.stdout)["trainer"]["fast_dev_run"] == 5

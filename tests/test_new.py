@@ -229,7 +229,7 @@ def test_only_tracked_files_are_copied_with_their_working_tree_content(tmp_path:
 def doc_example_names() -> list[str]:
     """The names the README and docs/new-task.md pass to `new` in their examples."""
     docs = [new.TEMPLATE_ROOT / "README.md", new.TEMPLATE_ROOT / "docs" / "new-task.md"]
-    return sorted({m for doc in docs for m in re.findall(r" new \S+ --name (\w+)", doc.read_text())})
+    return sorted({m for doc in docs for m in re.findall(r" new \S+ --name ([a-z]\w*)", doc.read_text())})
 
 
 @pytest.mark.parametrize("name", doc_example_names())
