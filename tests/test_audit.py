@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import io
 import os
 import shutil
 from pathlib import Path
@@ -17,6 +19,7 @@ from project.audit.data import AuditDataModule
 from project.audit.duplicates import Thresholds, find_duplicates
 from project.audit.images import phash
 from project.audit.labels import find_label_issues
+from project.audit.report import chance_warning
 from project.data.shapes import CLASSES
 from project.errors import UserError
 from tests.helpers import exit_status
@@ -70,7 +73,7 @@ def audited(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     before = fingerprint(data)
     work = base / "work"
     work.mkdir()
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(io.StringIO()) as stdout:
         mp.chdir(work)
         status = run_audit(
             f"--data.root={data}",
@@ -85,6 +88,7 @@ def audited(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         "before": before,
         "out": work / "logs" / "a" / "audit",
         "base": base,
+        "stdout": stdout.getvalue(),
     }
 
 
@@ -257,3 +261,42 @@ def test_multilabel_csv_is_audited(tmp_path: Path, workdir: Path) -> None:
     assert ((probs >= 0) & (probs <= 1)).all() and not np.allclose(probs.sum(axis=1), 1.0)
     header = (out / "label_issues.csv").read_text().splitlines()[0]
     assert "given_label" in header and "suggested_label" in header
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--data.balance=sampler",),
+        ("--data.balance=loss",),
+        ("--data.mixup_alpha=0.2", "--data.cutmix_alpha=1.0"),
+        ("--ema.decay=0.99",),
+    ],
+)
+def test_fit_recipe_options_the_folds_do_not_use_are_refused(
+    shapes_root: Path, workdir: Path, capsys: pytest.CaptureFixture, flags: tuple[str, ...]
+) -> None:
+    assert run_audit(f"--data.root={shapes_root}", *TINY, *flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: audit does not use {', '.join(flags)}: its fold models train a plain")
+    assert "Fix: leave" in err and "Traceback" not in err
+    assert not (workdir / "logs").exists()  # refused before anything is read or trained
+
+
+def test_fold_models_near_chance_are_warned_about() -> None:
+    assert chance_warning(0.30, 1 / 6) is not None  # 6 classes: below 1/6 + 0.2 x 5/6 = 0.333
+    assert chance_warning(0.34, 1 / 6) is None
+    assert chance_warning(0.55, 0.5) is not None and chance_warning(0.95, 0.5) is None
+    warning = chance_warning(0.2, 0.25)
+    assert warning is not None and "out-of-fold accuracy 0.200, against 0.250" in warning
+    assert "Fix: train the folds longer (--epochs)" in warning
+
+
+def test_the_audit_says_when_its_fold_models_are_near_chance(audited: dict) -> None:
+    """One epoch on 36 images a fold: the models barely learn, and the report says so."""
+    rows = read(audited["out"] / "oof_probabilities.csv")
+    accuracy = np.mean([max(CLASSES, key=lambda c: float(r[f"p_{c}"])) == r["label"] for r in rows])
+    chance = max(np.unique([r["label"] for r in rows], return_counts=True)[1]) / len(rows)
+    assert accuracy < chance + 0.2 * (1 - chance)  # near chance indeed
+    page = (audited["out"] / "report.html").read_text()
+    assert f"Warning: the fold models are near chance (out-of-fold accuracy {accuracy:.3f}" in page
+    assert "Warning: the fold models are near chance" in audited["stdout"]

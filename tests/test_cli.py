@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from project.data.decode import load_rgb
@@ -205,3 +206,17 @@ def test_gpu_checkpoint_loads_on_cpu(workdir: Path, shapes_root: Path) -> None:
     model.load_state_dict(checkpoint["state_dict"])
     args = [f"--ckpt_path={workdir / 'checkpoints' / 'g' / 'last.ckpt'}", f"--data.root={shapes_root}"]
     assert run_cli("validate", *args, "--trainer.accelerator=cpu", "--data.num_workers=0") == 0
+
+
+@pytest.mark.parametrize(
+    "form", ["--config configs/presets/debug.yaml", "--config=configs/presets/debug.yaml"]
+)
+def test_the_docs_preset_paths_work_from_any_folder(workdir: Path, capsys, form: str) -> None:
+    """An installed copy (or a run from another folder) has no configs/ here: the package's are used."""
+    assert not (workdir / "configs").exists()
+    assert run_cli("fit", *form.split(" "), "--print_config") == 0
+    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["fast_dev_run"] == 5  # debug.yaml's value
+    (workdir / "configs" / "presets").mkdir(parents=True)
+    (workdir / "configs" / "presets" / "debug.yaml").write_text("trainer:\n  fast_dev_run: 2\n")
+    assert run_cli("fit", *form.split(" "), "--print_config") == 0  # a file of that path here wins
+    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["fast_dev_run"] == 2

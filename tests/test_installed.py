@@ -135,3 +135,58 @@ def test_every_subcommand_starts(helps: dict[str, dict], launcher: str, command:
     result = helps[launcher]["results"][command]
     assert result["code"] == 0, result["output"]
     assert "usage:" in result["output"].lower(), result["output"]
+
+
+def tree(root: Path) -> dict[str, bytes | str]:
+    """Every file under `root` (links as their target), without git's own folder."""
+    found: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if rel == ".git" or rel.startswith(".git/"):
+            continue
+        if path.is_symlink():
+            found[rel] = os.readlink(path)
+        elif path.is_file():
+            found[rel] = path.read_bytes()
+    return found
+
+
+@pytest.fixture(scope="module")
+def checkout_clone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes | str]:
+    """What `new` makes from this checkout: the installed package must make the same."""
+    from project import new
+
+    dest = tmp_path_factory.mktemp("from-checkout") / "leaf"
+    new.create(dest, "leafnet")
+    return tree(dest)
+
+
+@pytest.mark.parametrize("launcher", ["python -m project", "project"])
+def test_new_from_the_installed_package_makes_the_checkout_clone(
+    installed: Path, elsewhere: Path, checkout_clone: dict, tmp_path: Path, launcher: str
+) -> None:
+    """The README's promise: the installed script runs every command, `new` included, from any folder."""
+    dest = tmp_path / "leaf"
+    done = run(installed, elsewhere, *launchers(installed)[launcher], "new", str(dest), "--name", "leafnet")
+    assert done.returncode == 0, done.stderr
+    assert "Created leafnet" in done.stdout
+    made = tree(dest)
+    assert sorted(made) == sorted(checkout_clone)
+    assert [rel for rel in made if made[rel] != checkout_clone[rel]] == []
+    assert os.access(dest / ".ci" / "run", os.X_OK)
+    assert os.readlink(dest / "src" / "leafnet" / "configs") == "../../configs"
+
+
+def test_the_readme_preset_paths_work_from_another_folder(installed: Path, elsewhere: Path) -> None:
+    """`--config configs/presets/debug.yaml` as the README writes it: the package's own configs/."""
+    done = run(
+        installed,
+        elsewhere,
+        *launchers(installed)["project"],
+        "fit",
+        "--config",
+        "configs/presets/debug.yaml",
+        "--print_config",
+    )
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load(done.stdout)["trainer"]["fast_dev_run"] == 5

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -222,3 +224,51 @@ def test_only_tracked_files_are_copied_with_their_working_tree_content(tmp_path:
     assert not (copy / "fit.log").exists() and not (copy / "configs" / "notes.yaml").exists()
     assert (copy / "README.md").read_text().endswith("\nA local edit.\n")
     assert (copy / "src" / "stray_check" / "__init__.py").is_file()
+
+
+def doc_example_names() -> list[str]:
+    """The names the README and docs/new-task.md pass to `new` in their examples."""
+    docs = [new.TEMPLATE_ROOT / "README.md", new.TEMPLATE_ROOT / "docs" / "new-task.md"]
+    return sorted({m for doc in docs for m in re.findall(r" new \S+ --name ([a-z]\w*)", doc.read_text())})
+
+
+@pytest.mark.parametrize("name", doc_example_names())
+def test_a_clone_named_as_in_the_docs_copies_itself_cleanly(tmp_path: Path, name: str) -> None:
+    """What the clone's own test_new does: copy it again, and find no leftover of its name; the copy is
+    an ordinary folder (the umask's mode), not a private one."""
+    assert len(doc_example_names()) >= 2
+    mask = os.umask(0o022)
+    try:
+        clone = tmp_path / name
+        new.create(clone, name)
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(clone.stat().st_mode) == 0o755
+    again = tmp_path / "again"
+    new.create(again, f"{name}_again", root=clone, old=name)  # not this package's name, in any clone
+    assert new.leftovers(again, name) == []
+    assert (
+        "--name " + name in (again / "README.md").read_text() + (again / "docs" / "new-task.md").read_text()
+    )
+
+
+def test_an_installed_copy_puts_back_the_checkout_it_came_from(tmp_path: Path) -> None:
+    """What a wheel holds (the package with its links followed) gives back the checkout's files and links;
+    tests/test_installed.py runs `new` from a real installation."""
+    installed = tmp_path / "site" / OLD
+    shutil.copytree(
+        new.PACKAGE_DIR, installed, ignore=shutil.ignore_patterns("__pycache__")
+    )  # links followed
+    with new.installed_template(installed) as root:
+        files = new.template_files(root)
+        links = {rel: os.readlink(root / rel) for rel in files if (root / rel).is_symlink()}
+        assert files == new.template_files(new.TEMPLATE_ROOT)
+        assert (root / ".gitignore").read_text() == (new.TEMPLATE_ROOT / ".gitignore").read_text()
+    assert links[f"src/{OLD}/configs"] == "../../configs"
+    assert links[f"src/{OLD}/template/gitignore"] == "../../../.gitignore"
+
+
+def test_an_installed_copy_without_the_template_says_how_to_get_it(tmp_path: Path) -> None:
+    message = r"has no template to copy .* Fix: reinstall it from a checkout"
+    with pytest.raises(UserError, match=message), new.installed_template(tmp_path):
+        pass

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import errno
+import logging
 from pathlib import Path
 
 import pytest
 import torch
 from tensorboard.summary.writer import record_writer
 
+from project.trainer import Trainer
 from tests.helpers import fast_args, run_cli
 
 
@@ -36,3 +38,14 @@ def test_full_log_disk_ends_in_one_line_and_keeps_checkpoints(
     assert last.endswith("then resume with --name full --ckpt_path last.")
     for path in checkpoints.glob("*.ckpt"):
         assert "state_dict" in torch.load(path, weights_only=True)
+
+
+def test_16_mixed_on_the_cpu_says_it_runs_bf16(caplog: pytest.LogCaptureFixture) -> None:
+    """Every run says so, not only the first of a process (Lightning's own warning shows once)."""
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            trainer = Trainer(accelerator="cpu", precision="16-mixed", logger=False)
+            assert trainer.precision == "bf16-mixed"
+        Trainer(accelerator="cpu", precision="bf16-mixed", logger=False)
+    line = "Precision: 16-mixed (float16) has no autocast on the CPU; this run uses bf16-mixed (bfloat16)"
+    assert caplog.text.count(line) == 2

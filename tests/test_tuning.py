@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from project.tuning import fit_command, no_temporary_files
+from project.tuning import checked_suggestion, fit_command, no_temporary_files
 from tests.helpers import fast_args, run_cli, tiny_trainer
 
 QUIET = (
@@ -48,7 +48,8 @@ def test_batch_size_find_prints_the_largest_batch(
     assert run_cli("batch_size_find", *args) == 0
     out = capsys.readouterr().out
     assert "Largest batch size that fit: 8" in out  # 2, 4, 8: a CPU never runs out before max_val
-    assert out.rstrip().splitlines()[-1].endswith("--data.batch_size=8")
+    fit = out.rstrip().splitlines()[-1]
+    assert fit.endswith("--data.batch_size=8") and fit.count("--data.batch_size") == 1  # not 16, then 8
     assert temporary_checkpoints(workdir) == []
 
 
@@ -65,3 +66,42 @@ def test_fit_command_drops_the_finder_options() -> None:
     assert fit_command(args, "--data.batch_size=64") == (
         "python -m project fit --data.root=x --model.backbone=resnet18 --data.batch_size=64"
     )
+
+
+def test_fit_command_replaces_the_option_it_sets() -> None:
+    args = [
+        "--data.batch_size=16",
+        "--data.root=x",
+        "--data.batch_size",
+        "32",
+        "--model.optimizer.init_args.lr=1",
+    ]
+    assert fit_command(args, "--data.batch_size=64") == (
+        "python -m project fit --data.root=x --model.optimizer.init_args.lr=1 --data.batch_size=64"
+    )
+    assert fit_command(args[-1:], "--model.optimizer.init_args.lr=0.003").endswith(
+        "fit --model.optimizer.init_args.lr=0.003"
+    )
+
+
+LRS = [10 ** (-6 + k / 4) for k in range(25)]  # 1e-6 ... 1, as the range test spaces them
+
+
+def test_a_suggestion_on_the_falling_part_of_the_curve_stands() -> None:
+    losses = [2.0] * 8 + [2.0 - 0.2 * k for k in range(1, 9)] + [0.4 + 0.3 * k for k in range(1, 10)]
+    assert checked_suggestion(LRS, losses, LRS[10]) == (LRS[10], None)
+
+
+def test_a_suggestion_past_the_loss_minimum_falls_back_to_a_tenth_of_it() -> None:
+    """The steepest point of a curve that is already rising (a real run's suggestion landed there)."""
+    losses = [2.0 - 0.1 * k for k in range(10)] + [1.1 + 0.05 * k**2 for k in range(1, 16)]
+    lr, warning = checked_suggestion(LRS, losses, LRS[20])
+    assert lr == pytest.approx(LRS[9] / 10)
+    assert warning is not None and "lies where the loss no longer falls" in warning
+    assert f"its minimum is at {LRS[9]:.1e}" in warning and f"{LRS[9] / 10:.1e}, instead" in warning
+
+
+def test_a_loss_that_only_rises_falls_back_to_the_smallest_rate_tried() -> None:
+    losses = [1.0 + 0.1 * k for k in range(len(LRS))]
+    lr, warning = checked_suggestion(LRS, losses, LRS[12])
+    assert lr == LRS[0] and warning is not None and "it rose from the first rate tried" in warning

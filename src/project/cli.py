@@ -268,8 +268,32 @@ def with_default_config(args: list[str], *layers: str) -> list[str]:
     """
     if args and args[0] in ProjectCLI.subcommands():
         configs = [str(config_folder() / "default.yaml"), *layers]
-        return [args[0], *(item for config in configs for item in ("--config", config)), *args[1:]]
+        rest = packaged_configs(args[1:])
+        return [args[0], *(item for config in configs for item in ("--config", config)), *rest]
     return list(args)
+
+
+def packaged_configs(args: list[str]) -> list[str]:
+    """`--config configs/...` (the docs' paths) from the package's configs/ when the working folder has
+    no such file: an installed copy has its presets and experiments inside the package."""
+    resolved, after_flag = [], False
+    for arg in args:
+        if after_flag:
+            arg = packaged_config(arg)
+        elif arg.startswith("--config="):
+            arg = "--config=" + packaged_config(arg.removeprefix("--config="))
+        after_flag = arg == "--config"
+        resolved.append(arg)
+    return resolved
+
+
+def packaged_config(path: str) -> str:
+    """`path` itself when it exists (or is not under configs/), else the packaged file of that name."""
+    parts = Path(path).parts
+    if Path(path).exists() or len(parts) < 2 or parts[0] != "configs":
+        return path
+    packaged = config_folder().joinpath(*parts[1:])
+    return str(packaged) if packaged.is_file() else path
 
 
 def main(args: list[str] | None = None) -> None:

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
@@ -37,9 +39,13 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 FUSED_DEVICES = ("cpu", "cuda", "xpu")
 
 
-def build_optimizer(make: OptimizerCallable, groups: list[dict]) -> torch.optim.Optimizer:
+def build_optimizer(
+    make: OptimizerCallable, groups: list[dict], clips_mixed: bool = False
+) -> torch.optim.Optimizer:
     """`make(groups)`, with the optimizer's fused kernel when it has one and no implementation was
-    chosen (`fused` and `foreach` left unset in the config).
+    chosen (`fused` and `foreach` left unset in the config); with `clips_mixed` (gradient clipping under
+    16-mixed/bf16-mixed) the foreach kernel instead: Lightning cannot clip a fused optimizer's gradients
+    there, as the fused step unscales them itself.
 
     torch picks the fused kernels by itself only on CUDA; on the CPU an unset AdamW runs a dozen tensor
     operations per parameter, each from Python: for resnet18 a step takes 20-40 ms against 6-7 ms
@@ -55,12 +61,26 @@ def build_optimizer(make: OptimizerCallable, groups: list[dict]) -> torch.optim.
     covered = all(
         type(p) is nn.Parameter and p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params
     )
+    if clips_mixed and optimizer.defaults.get("fused"):
+        raise UserError(
+            f"{type(optimizer).__name__}(fused=True) cannot have its gradients clipped under mixed "
+            "precision: the fused step unscales them itself (--trainer.gradient_clip_val).",
+            "leave out --model.optimizer.init_args.fused (the template then runs the foreach kernel), "
+            "or set --trainer.gradient_clip_val=0.",
+        )
     if chosen or optimizer.defaults.get("differentiable") or not covered:
         return optimizer
+    kernel = {"foreach": True} if clips_mixed else {"fused": True}
     try:
-        return make([dict(group) for group in groups], fused=True)
+        chosen_kernel = make([dict(group) for group in groups], **kernel)
     except TypeError:  # a callable that takes only the parameters (a lambda from Python code)
         return optimizer
+    if clips_mixed:
+        rank_zero_info(
+            f"{type(optimizer).__name__} runs its foreach kernel, not the fused one: Lightning clips "
+            "gradients under mixed precision only for an optimizer that does not unscale them itself."
+        )
+    return chosen_kernel
 
 
 def classification_metrics(num_classes: int, prefix: str) -> MetricCollection:
@@ -440,7 +460,9 @@ class ImageClassifier(L.LightningModule):
         if self.head_epochs or self.layer_decay != 1.0:
             # every parameter from the start (frozen ones get no gradient, so no step): the param groups
             # stay the same through the phases, and a resumed run's optimizer state fits them
-            optimizer = build_optimizer(self.optimizer, depth_groups(self.net, self.layer_decay))
+            optimizer = build_optimizer(
+                self.optimizer, depth_groups(self.net, self.layer_decay), self._clips_mixed()
+            )
             for group in optimizer.param_groups:
                 group["lr"] *= group["lr_scale"]
         else:
@@ -449,7 +471,9 @@ class ImageClassifier(L.LightningModule):
                 if param.requires_grad:
                     (no_decay if param.ndim <= 1 else decay).append(param)  # biases and norms: no decay
             optimizer = build_optimizer(
-                self.optimizer, [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+                self.optimizer,
+                [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
+                self._clips_mixed(),
             )
         if self.scheduler is None:
             return {"optimizer": optimizer}
@@ -462,6 +486,13 @@ class ImageClassifier(L.LightningModule):
         else:
             config = {"scheduler": scheduler, "interval": self.scheduler_interval}
         return {"optimizer": optimizer, "lr_scheduler": config}
+
+    def _clips_mixed(self) -> bool:
+        """The run clips gradients under 16-mixed or bf16-mixed (no trainer: a bare model, no clipping)."""
+        trainer = self._trainer
+        if trainer is None or not trainer.gradient_clip_val:
+            return False
+        return isinstance(trainer.precision_plugin, MixedPrecision)
 
     def _budget_share(self) -> Callable[[], float] | None:
         """With --trainer.max_time: a clock giving the elapsed share of the time budget (rank 0's on every

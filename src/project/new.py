@@ -10,7 +10,9 @@ neither torch nor lightning.
 In a git checkout, the files git tracks are copied, as they are in the working tree (uncommitted
 edits included; files git does not track, such as logs or notes lying in the clone, are not: `git
 add` a new file to take it along). Outside git (a downloaded archive), every file is copied except
-the EXCLUDED_NAMES patterns below.
+the EXCLUDED_NAMES patterns below. From an installed package (`pip install .`), the package itself,
+its configs/ and template/ (which ships the README, pyproject, tests, docs, bench and CI script through
+the links in src/<package>/template) are put back in a checkout's layout first.
 """
 
 from __future__ import annotations
@@ -25,14 +27,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from project.errors import UserError
 
 # The package being copied: the old name in the copy, whatever this package is called today.
 PACKAGE = __name__.partition(".")[0]
-TEMPLATE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = Path(__file__).resolve().parent
+TEMPLATE_ROOT = PACKAGE_DIR.parents[1]
+# The package's folders that link to the top of a checkout, and the top-level name of each link in
+# template/ whose name differs there (a .gitignore in the package would be read by git as its own).
+LINKED = ("configs", "template")
+RENAMED = {"gitignore": ".gitignore"}
 
 # Never copied: git history, environments, caches, builds, data and exports (anywhere in the tree) ...
 EXCLUDED_NAMES = (
@@ -61,8 +69,17 @@ EXCLUDED_TOP = ("data",)
 KEEP_ONLY_GITKEEP = ("logs", "checkpoints")
 
 # Where the copy may still say the old name: prose ("this project"), pyproject's [project] tables,
-# and a test helper function called project(...).
-INTENTIONAL = (r"this project\b", r"the project\b", r"new project\b", r"\[project\b", r"\bproject\(")
+# a test helper function called project(...), and the docs' example of `new` (`--name my_task`, its
+# commit `Start my_task`): a copy of a copy named like the example keeps that example as it was.
+INTENTIONAL = (
+    r"this project\b",
+    r"the project\b",
+    r"new project\b",
+    r"\[project\b",
+    r"\bproject\(",
+    r"--name \w+",
+    r"`Start \w+`",
+)
 
 # PEP 508's rule for a distribution name: ASCII letters and digits, with . _ - only inside.
 PEP508_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
@@ -196,20 +213,30 @@ def check_dest(dest: Path, root: Path = TEMPLATE_ROOT) -> None:
         )
 
 
+def is_checkout(root: Path, package: str = PACKAGE) -> bool:
+    return (root / "pyproject.toml").is_file() and (root / "src" / package).is_dir()
+
+
 def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE) -> tuple[int, str | None]:
-    """Write the renamed copy to `dest` via a temporary sibling; return (files copied, commit or None)."""
+    """Write the renamed copy to `dest` via a temporary sibling; return (files copied, commit or None).
+    Without a checkout at `root`, the installed package's own copy of the template is used."""
+    if root == TEMPLATE_ROOT and not is_checkout(root, old):
+        with installed_template() as checkout:
+            return create(dest, name, checkout, old)
     dest = Path(dest).absolute()
     check_name(name, old)
     check_dest(dest, root)
-    if not (root / "pyproject.toml").is_file() or not (root / "src" / old).is_dir():
+    if not is_checkout(root, old):
         raise UserError(
             f"The template's sources are not at '{root}' (no pyproject.toml or src/{old}/).",
-            "run `new` from a checkout of the template (pip install -e .), not from an installed wheel.",
+            "pass the root of a checkout of the template.",
         )
     files = template_files(root)
     rules = renamer(old, name)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    # mkdtemp makes the folder private (0700); the copy is an ordinary folder, as mkdir would make it
+    staging.chmod(0o777 & ~current_umask())
     try:
         for rel in files:
             target = staging / re.sub(rf"^src/{re.escape(old)}/", f"src/{name}/", rel)
@@ -231,6 +258,58 @@ def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return len(files), commit
+
+
+@contextmanager
+def installed_template(package_dir: Path = PACKAGE_DIR) -> Iterator[Path]:
+    """The installed package put back in a checkout's layout, in a temporary folder: its template/ at the
+    top, its configs/ beside it, the package (without those two) under src/, and the links between."""
+    template = package_dir / "template"
+    if not (template / "pyproject.toml").is_file():
+        raise UserError(
+            f"This installed copy of {PACKAGE} has no template to copy ('{template}' is missing).",
+            "reinstall it from a checkout (`pip install .` ships the template), or run `new` from a "
+            "checkout of the template.",
+        )
+    with tempfile.TemporaryDirectory(prefix=f"{PACKAGE}-template-") as folder:
+        root = Path(folder)
+        for entry in template.iterdir():
+            copy_entry(entry, root / RENAMED.get(entry.name, entry.name))
+        shutil.copytree(package_dir / "configs", root / "configs", ignore=CACHES)
+        src = root / "src" / package_dir.name
+        shutil.copytree(
+            package_dir,
+            src,
+            ignore=lambda d, names: [*CACHES(d, names), *(LINKED if Path(d) == package_dir else ())],
+        )
+        (src / "configs").symlink_to(Path("..", "..", "configs"))
+        (src / "template").mkdir()
+        for entry in template.iterdir():
+            (src / "template" / entry.name).symlink_to(
+                Path("..", "..", "..", RENAMED.get(entry.name, entry.name))
+            )
+        for kept in KEEP_ONLY_GITKEEP:
+            (root / kept).mkdir()
+            (root / kept / ".gitkeep").touch()
+        yield root
+
+
+CACHES = shutil.ignore_patterns("__pycache__", "*.pyc")
+
+
+def copy_entry(source: Path, target: Path) -> None:
+    """A file (with its mode) or a folder, without caches."""
+    if source.is_dir():
+        shutil.copytree(source, target, ignore=CACHES)
+    else:
+        shutil.copy2(source, target)
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _tidy(folder: Path) -> None:

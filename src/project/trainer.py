@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import lightning as L
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from project import memory, tuning
@@ -35,6 +36,13 @@ class Trainer(L.Trainer):
         checkpoint_io = self.strategy.checkpoint_io
         if isinstance(checkpoint_io, AtomicCheckpointIO):  # it removes files in these folders only
             checkpoint_io.folders = self.checkpoint_folders
+
+        if str(kwargs.get("precision")) in ("16-mixed", "16") and self.precision == "bf16-mixed":
+            # Lightning warns once per process, in a warning that is easy to miss: said on every run
+            rank_zero_info(
+                "Precision: 16-mixed (float16) has no autocast on the CPU; this run uses bf16-mixed "
+                "(bfloat16) instead."
+            )
 
     def checkpoint_folders(self) -> list[str]:
         """The folders the ModelCheckpoint callbacks write to (set once the trainer is set up)."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import math
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 from lightning.pytorch.tuner import Tuner
 
 from project.atomic import atomic_write
@@ -53,6 +55,9 @@ def find_lr(
             "the loss diverged at once or the data has too few batches.",
             "raise --num_training, lower --min_lr, or use a smaller --data.batch_size.",
         )
+    suggestion, warning = checked_suggestion(finder.results["lr"], finder.results["loss"], suggestion)
+    if warning is not None:
+        print(f"Warning: {warning}")
     png = folder / PLOT
     figure = finder.plot(suggest=True)
     figure.axes[0].set_title(f"Suggested learning rate {suggestion:.1e}")
@@ -67,6 +72,32 @@ def find_lr(
     print(f"Use it: {fit_command(fit_args, f'{LR_FLAG}={suggestion:.2g}')}")
     print(f"Loss against learning rate: {png}")
     return suggestion
+
+
+def checked_suggestion(lrs: list[float], losses: list[float], suggestion: float) -> tuple[float, str | None]:
+    """Lightning's suggestion (the steepest fall of the smoothed loss) if it lies where the loss still
+    falls, before its minimum; else a tenth of the learning rate at the minimum, and why.
+
+    On a short or noisy range test the steepest point can land past the minimum, on the rising part of
+    the curve, where training diverges; a tenth of the minimum's rate is the usual rule of thumb.
+    """
+    loss = np.asarray(losses, dtype=float)
+    at = int(np.argmin(np.abs(np.log(np.asarray(lrs)) - math.log(suggestion))))
+    best = int(np.nanargmin(loss))
+    falling = at < best and loss[min(at + 1, len(loss) - 1)] < loss[at]
+    if falling:
+        return suggestion, None
+    fallback = max(lrs[best] / 10, lrs[0])  # not below the range tried
+    where = (
+        f"its minimum is at {lrs[best]:.1e}); using a tenth of that, {fallback:.1e}, instead"
+        if best > 0
+        else f"it rose from the first rate tried); using that smallest rate, {fallback:.1e}, instead, "
+        "and a lower --min_lr would show where it falls"
+    )
+    return fallback, (
+        f"the finder's suggestion {suggestion:.1e} lies where the loss no longer falls ({where}. Check the "
+        "plot, and rerun with a larger --num_training for a smoother curve."
+    )
 
 
 def find_batch_size(
@@ -109,11 +140,13 @@ def find_batch_size(
 
 
 def fit_command(fit_args: list[str], flag: str) -> str:
-    """`python -m project fit` with the user's options, less the finder's own and --name, plus `flag`."""
+    """`python -m project fit` with the user's options, less the finder's own, --name and the option
+    that `flag` sets (the value found replaces the one tried), plus `flag`."""
+    dropped = (*FINDER_OPTIONS, flag.split("=", 1)[0])
     kept, skip = [], False
     for arg in fit_args:
         option = arg.split("=", 1)[0]
-        if skip or option in FINDER_OPTIONS:
+        if skip or option in dropped:
             skip = not skip and "=" not in arg  # `--min_lr 1e-6`: drop the value too
             continue
         kept.append(arg)

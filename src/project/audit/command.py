@@ -23,7 +23,7 @@ from project.audit.images import read_images
 from project.audit.labels import find_label_issues
 from project.audit.outliers import outlier_percentiles
 from project.audit.report import Findings, summary, write_clean_list, write_findings
-from project.cli import ProjectCLI, config_folder
+from project.cli import ProjectCLI, config_folder, packaged_configs
 from project.config_checks import check_cli_config, positive_int, require
 from project.data.dataset import ImageDataset
 from project.errors import UserError, user_message
@@ -118,7 +118,8 @@ class AuditCLI(ProjectCLI):
     @override
     def parse_arguments(self, parser: Any, args: list[str] | None) -> None:
         """configs/default.yaml first, as for every fit, then the user's configs and flags."""
-        self.config = parser.parse_args(["--config", str(config_folder() / "default.yaml"), *(args or [])])
+        args = packaged_configs(list(args or []))
+        self.config = parser.parse_args(["--config", str(config_folder() / "default.yaml"), *args])
 
     @override
     def before_instantiate_classes(self) -> None:
@@ -144,6 +145,27 @@ def check_audit_options(config: Any) -> None:
     require(-1 <= config.similarity <= 1, "similarity", config.similarity, "a number in [-1, 1]")
     require(0 <= config.outlier_percentile < 1, "outlier_percentile", config.outlier_percentile, "in [0, 1)")
     positive_int("top", config.top)
+    check_recipe_not_used(config)
+
+
+def check_recipe_not_used(config: Any) -> None:
+    """The folds train a plain short recipe (no sampler, batch mixing or weight averaging: their loaders
+    and trainers are the audit's own), and confident learning wants the plain model's probabilities, not
+    reweighted or mixed ones: fit's balance, MixUp/CutMix and EMA options are refused, not ignored."""
+    data = config.data
+    used = [f"--data.balance={data.balance}"] if data.get("balance", "none") != "none" else []
+    used += [f"--data.{k}={data[k]}" for k in ("mixup_alpha", "cutmix_alpha") if data.get(k)]
+    ema = config.get("ema")
+    used += [f"--ema.decay={ema.decay}"] if ema is not None and ema.get("decay") is not None else []
+    if used:
+        raise UserError(
+            f"audit does not use {', '.join(used)}: its fold models train a plain recipe, so that the "
+            "out-of-fold probabilities it ranks labels by are a plain model's (not reweighted, mixed or "
+            "averaged).",
+            f"leave {'them' if len(used) > 1 else 'it'} out for the audit (a --config of fit's with "
+            "them: override with --data.balance=none --data.mixup_alpha=0 --data.cutmix_alpha=0 "
+            "--ema.decay=null).",
+        )
 
 
 def audit(cli: AuditCLI) -> Findings:

@@ -22,6 +22,9 @@ from project.data.index import ImageIndex
 from project.data.skipped import SkipLog
 
 THUMB = 112
+# The fold models count as near chance below this share of the way from chance accuracy to perfect:
+# their out-of-fold probabilities then rank labels by little more than noise.
+NEAR_CHANCE = 0.2
 
 
 @dataclass
@@ -64,6 +67,33 @@ class Findings:
         if labels.ndim == 2:
             return float(((probs >= 0.5) == labels.astype(bool)).mean())
         return float((probs.argmax(axis=1) == labels).mean())
+
+    @property
+    def chance_accuracy(self) -> float:
+        """The accuracy of always answering the largest class (multi-label: each label's majority)."""
+        labels = self.index.labels[self.good]
+        if labels.ndim == 2:
+            rate = labels.astype(bool).mean(axis=0)
+            return float(np.maximum(rate, 1 - rate).mean())
+        return float(np.bincount(labels).max() / len(labels))
+
+    @property
+    def chance_warning(self) -> str | None:
+        """A warning when the fold models are near chance, else None."""
+        return chance_warning(self.oof_accuracy, self.chance_accuracy)
+
+
+def chance_warning(accuracy: float, chance: float) -> str | None:
+    """Why the findings mean little, when `accuracy` is less than NEAR_CHANCE of the way from `chance`
+    to 1; None otherwise."""
+    if accuracy >= chance + NEAR_CHANCE * (1 - chance):
+        return None
+    return (
+        f"the fold models are near chance (out-of-fold accuracy {accuracy:.3f}, against {chance:.3f} for "
+        "always answering the largest class): the label issues and outliers rank little more than noise. "
+        "Fix: train the folds longer (--epochs), start from pretrained weights (--model.weights=DEFAULT), "
+        "or check that the images show their classes."
+    )
 
 
 def _csv(header: list[str], rows: list[list[object]]) -> bytes:
@@ -180,6 +210,8 @@ def summary(f: Findings, out: Path, clean: Path | None) -> str:
     if clean is not None:
         lines.append(f"  files to keep {len(clean_files(f)):6,}   {clean} (nothing was moved or deleted)")
     lines.append(f"Review the top findings side by side: {out / 'report.html'}")
+    if f.chance_warning is not None:
+        lines.append(f"Warning: {f.chance_warning}")
     return "\n".join(lines)
 
 
@@ -212,6 +244,7 @@ def render_html(f: Findings) -> str:
         "b.bad{color:#c00}</style>",
         f"<h1>Data audit</h1><p>{len(f.good):,} images, out-of-fold accuracy {f.oof_accuracy:.3f}. "
         "The tool ranks; a person decides. Nothing in the data folder was changed.</p>",
+        f"<p><b class=bad>Warning: {e(f.chance_warning)}</b></p>" if f.chance_warning else "",
         f"<h2>Label issues ({len(f.issues.ranked):,}; top {min(f.top, len(f.issues.ranked))})</h2>",
     ]
     for row in f.issues.ranked[: f.top]:
