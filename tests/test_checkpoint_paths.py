@@ -98,6 +98,25 @@ def test_the_checkpoint_io_removes_only_files_of_the_run(tmp_path: Path) -> None
     assert not link.is_symlink() and not own.exists() and target.read_text() == "keep me"
 
 
+def test_the_tuners_restore_checkpoint_is_removed_without_a_warning(tmp_path: Path) -> None:
+    """lr_find and batch_size_find save a restore checkpoint in the trainer's default_root_dir (logs/<run>)
+    and remove it after the search: that file, and only a file of that name there, is the run's."""
+    logs, run = tmp_path / "logs" / "probe", tmp_path / "checkpoints" / "probe"
+    logs.mkdir(parents=True)
+    restore = logs / ".lr_find_491307e4-12f7-4bdf-8e2e-46f21ff2b192.ckpt"
+    restore.write_bytes(b"x")
+    config = logs / "config.yaml"
+    config.write_text("keep me")
+    io = AtomicCheckpointIO(background=False)
+    io.folders, io.tuner_folder = lambda: [str(run)], lambda: str(logs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        io.remove_checkpoint(str(restore))
+        io.remove_checkpoint(str(config))
+    assert not restore.exists() and config.read_text() == "keep me"
+    assert [str(w.message).split(": ", 1)[0] for w in caught] == [f"Checkpoint removal of '{config}' refused"]
+
+
 def test_a_runs_own_paths_are_kept_and_the_top_k_stays_consistent(tmp_path: Path) -> None:
     """A resume of the run itself keeps its state as it is; a dropped path is replaced as Lightning would."""
     run = tmp_path / "checkpoints" / "r"

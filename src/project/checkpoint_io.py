@@ -73,6 +73,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # the checkpoint folders of the run (ModelCheckpoint.dirpath, known once the trainer is set up);
         # None: this IO is used without our Trainer, and only the is-a-file test applies
         self.folders: Callable[[], Iterable[str]] | None = None
+        # where Lightning's Tuner keeps its restore checkpoint (the trainer's default_root_dir)
+        self.tuner_folder: Callable[[], str] | None = None
 
     @override
     def save_checkpoint(
@@ -91,8 +93,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def remove_checkpoint(self, path: Any) -> None:
         if not _is_local_file_protocol(path):
             return self._run(super().remove_checkpoint, path)
-        folders = None if self.folders is None else {os.path.realpath(f) for f in self.folders()}
-        self._run(_remove_file, Path(path), folders)
+        path = Path(path)
+        if self.folders is None:
+            folders = None
+        else:
+            folders = {os.path.realpath(f) for f in self.folders()}
+            if self.tuner_folder is not None and TUNER_FILE.fullmatch(path.name):
+                folders.add(os.path.realpath(self.tuner_folder()))
+        self._run(_remove_file, path, folders)
 
     def wait(self) -> None:
         """Block until every write and removal asked for is done; raise the first that failed."""
@@ -154,6 +162,11 @@ def _write(path: Path, buffer: io.BytesIO) -> None:
         if e.errno in DISK_FULL:
             raise disk_full(path, buffer.getbuffer().nbytes) from None
         raise
+
+
+# the restore checkpoint that Lightning's Tuner (lr_find, scale_batch_size) saves before its search in
+# the trainer's default_root_dir and removes after it
+TUNER_FILE = re.compile(r"\.(lr_find|scale_batch_size)_[0-9a-f-]+\.ckpt")
 
 
 def _remove_file(path: Path, folders: set[str] | None) -> None:

@@ -36,6 +36,7 @@ class Trainer(L.Trainer):
         checkpoint_io = self.strategy.checkpoint_io
         if isinstance(checkpoint_io, AtomicCheckpointIO):  # it removes files in these folders only
             checkpoint_io.folders = self.checkpoint_folders
+            checkpoint_io.tuner_folder = lambda: self.default_root_dir
 
         if str(kwargs.get("precision")) in ("16-mixed", "16") and self.precision == "bf16-mixed":
             # Lightning warns once per process, in a warning that is easy to miss: said on every run
