@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,14 @@ def test_report_errors_are_one_line(workdir: Path, capsys) -> None:
         err = capsys.readouterr().err
         assert err.startswith(message) and "Fix: " in err and err.count("\n") == 1, err
     assert not (workdir / "logs" / "empty" / "report.png").exists()
+
+
+def test_a_class_named_like_mathtext_is_trained_and_reported(workdir: Path, shapes_root: Path) -> None:
+    data = workdir / "data"
+    for split in ("train", "val"):
+        for name, source in ((r"$\undefinedcmd$", "circle"), ("$x^2$", "square")):
+            shutil.copytree(shapes_root / split / source, data / split / name)
+    assert run_cli("fit", *fast_args(data, "--name=odd", "--trainer.max_epochs=1")) == 0
+    result = report("odd", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "logs" / "odd" / "report.png").stat().st_size > 50_000

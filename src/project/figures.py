@@ -8,8 +8,10 @@ matplotlib only: the report draws these without torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
+from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -19,6 +21,12 @@ RIGHT, WRONG = "#1a7f37", "#cf222e"
 # highest accuracies): a 10,000-class matrix drawn in full needed 9.6 GB and shows nothing readable.
 MAX_DRAWN = 50
 
+# Names (classes, files, runs, metric tags) are data, drawn as they are: by default matplotlib parses
+# `$...$` in any text as mathtext (a class folder `$\undefinedcmd$` was a fatal error at the first
+# batch) or hands it to LaTeX. Text artists read these settings when they are made, and tick labels are
+# also made while drawing, so every picture is made and drawn inside `plain_text()`.
+plain_text = partial(rc_context, {"text.parse_math": False, "text.usetex": False})
+
 
 def to_rgb(figure: Figure) -> np.ndarray:
     """Render a figure to a uint8 RGB array [H, W, 3]."""
@@ -27,6 +35,7 @@ def to_rgb(figure: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
+@plain_text()
 def image_grid(
     grid: np.ndarray,
     captions: Sequence[str],
@@ -57,6 +66,7 @@ def image_grid(
     return to_rgb(figure)
 
 
+@plain_text()
 def confusion_matrix(counts: np.ndarray, class_names: Sequence[str], title: str = "") -> np.ndarray:
     """The confusion matrix as an image, for TensorBoard (a summary past MAX_DRAWN classes)."""
     side = min(14.0, 2.5 + 0.45 * min(len(class_names), MAX_DRAWN))
@@ -92,6 +102,7 @@ def confused_classes(counts: np.ndarray, limit: int = MAX_DRAWN) -> list[int]:
     return sorted(chosen) or list(range(min(limit, len(counts))))  # nothing confused: any will do
 
 
+@plain_text()
 def draw_confusion_matrix(ax: Axes, counts: np.ndarray, class_names: Sequence[str], title: str = "") -> None:
     """Rows normalized to 1 (each true class), cells annotated with the fraction.
 
@@ -123,6 +134,7 @@ def draw_confusion_matrix(ax: Axes, counts: np.ndarray, class_names: Sequence[st
     ax.set_title(f"{title} {what}, rows sum to 1 (accuracy {accuracy:.3f})".strip(), fontsize=9)
 
 
+@plain_text()
 def draw_per_class(ax: Axes, accuracy: Sequence[float], class_names: Sequence[str]) -> None:
     """Horizontal bars of per-class accuracy, first class on top; classes well below the mean in red.
 

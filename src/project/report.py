@@ -181,7 +181,8 @@ def report(run: str, output: str | None = None) -> Path:
     png = Path(output) if output else run_dir / "report.png"
     png.parent.mkdir(parents=True, exist_ok=True)
     image = io.BytesIO()
-    draw_report(data).savefig(image, format="png")
+    with figures.plain_text():  # class names and tags are text, never mathtext
+        draw_report(data).savefig(image, format="png")
     atomic_write(png, image.getbuffer())
     write_html(data, png, png.with_suffix(".html"))
     reliability = png.with_name("reliability.png")
@@ -198,7 +199,8 @@ def write_reliability(sidecar: Path, png: Path) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return False
     image = io.BytesIO()
-    draw_reliability(bins, meta).savefig(image, format="png")
+    with figures.plain_text():
+        draw_reliability(bins, meta).savefig(image, format="png")
     atomic_write(png, image.getbuffer())
     return True
 
