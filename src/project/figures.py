@@ -20,6 +20,9 @@ RIGHT, WRONG = "#1a7f37", "#cf222e"
 # Past this many classes a picture shows a summary (the classes of the top confusions, the lowest and
 # highest accuracies): a 10,000-class matrix drawn in full needed 9.6 GB and shows nothing readable.
 MAX_DRAWN = 50
+# Classes up to which the whole confusion matrix is logged each epoch (320 kB of counts); `report` reads
+# no larger one back.
+MAX_LOGGED_COUNTS = 200
 
 # Names (classes, files, runs, metric tags) are data, drawn as they are: by default matplotlib parses
 # `$...$` in any text as mathtext (a class folder `$\undefinedcmd$` was a fatal error at the first
