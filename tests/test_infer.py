@@ -123,3 +123,16 @@ def test_names_that_a_spreadsheet_would_evaluate_are_written_as_text(tmp_path: P
     assert relative.returncode == 0, relative.stderr
     with open(output, newline="") as f:
         assert next(csv.DictReader(f))["file"] == "'=1+2.png"
+
+
+def test_a_bad_file_with_control_characters_is_named_escaped(model: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad\x1b]0;owned\x07\nerror: forged.png"
+    bad.write_bytes(b"not an image")
+    result = infer("--model", str(model), str(bad))
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "\x1b" not in err and "\x07" not in err
+    assert (
+        f"error: cannot classify '{tmp_path}/bad\\x1b]0;owned\\x07\\nerror: forged.png': cannot identify"
+        in err
+    )
+    assert len(err.splitlines()) == 2  # that file's line and the summary: no forged line

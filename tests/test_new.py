@@ -222,3 +222,11 @@ def test_only_tracked_files_are_copied_with_their_working_tree_content(tmp_path:
     assert not (copy / "fit.log").exists() and not (copy / "configs" / "notes.yaml").exists()
     assert (copy / "README.md").read_text().endswith("\nA local edit.\n")
     assert (copy / "src" / "stray_check" / "__init__.py").is_file()
+
+
+def test_the_next_commands_quote_the_destination(tmp_path: Path, capsys) -> None:
+    dest = tmp_path / "my project; touch pwned"
+    assert run_new(str(dest), "--name", "leafnet") == 0
+    out = capsys.readouterr().out
+    assert f"  cd '{dest}' && python3 -m venv .venv" in out  # one argument of cd, not a second command
+    assert not (tmp_path / "pwned").exists()

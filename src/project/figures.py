@@ -16,6 +16,8 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from project.terminal import printable, printable_lines
+
 RIGHT, WRONG = "#1a7f37", "#cf222e"
 # Past this many classes a picture shows a summary (the classes of the top confusions, the lowest and
 # highest accuracies): a 10,000-class matrix drawn in full needed 9.6 GB and shows nothing readable.
@@ -63,7 +65,9 @@ def image_grid(
         row, column = divmod(i, columns)
         x, y = padding + column * step + cell / 2, padding + row * step - padding * 0.15
         color = colors[i] if colors else "black"
-        ax.text(x, y, caption, ha="center", va="bottom", fontsize=7, color=color, clip_on=True)
+        ax.text(
+            x, y, printable_lines(caption), ha="center", va="bottom", fontsize=7, color=color, clip_on=True
+        )
     if title:
         figure.suptitle(title, fontsize=9, y=0.995, va="top")
     return to_rgb(figure)
@@ -118,7 +122,7 @@ def draw_confusion_matrix(ax: Axes, counts: np.ndarray, class_names: Sequence[st
     sub = counts[np.ix_(shown, shown)].astype(np.float64)
     rows = counts[shown].sum(axis=1, keepdims=True, dtype=np.float64)
     fractions = np.divide(sub, rows, out=np.zeros_like(sub), where=rows > 0)
-    names = [class_names[i] for i in shown]
+    names = [printable(class_names[i]) for i in shown]  # no control characters (no glyph, nor in warnings)
     n = len(names)
     image = ax.imshow(fractions, cmap="Blues", vmin=0, vmax=1)
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
@@ -151,7 +155,7 @@ def draw_per_class(ax: Axes, accuracy: Sequence[float], class_names: Sequence[st
         order = np.concatenate([ranked[: MAX_DRAWN // 2], ranked[-MAX_DRAWN // 2 :]])[::-1]
     colors = [WRONG if a < accuracy.mean() - 0.1 else RIGHT for a in accuracy[order]]
     ax.barh(range(len(order)), accuracy[order], color=colors)
-    ax.set_yticks(range(len(order)), [class_names[i] for i in order], fontsize=8)
+    ax.set_yticks(range(len(order)), [printable(class_names[i]) for i in order], fontsize=8)
     ax.set_xlim(0, 1)
     some = (
         f": the {MAX_DRAWN // 2} lowest and highest of {len(accuracy)} classes"
