@@ -219,7 +219,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def skip(path: Path, error: BadImageError) -> None:  # one line each, as soon as it is met
         bad.append(path)
-        print(f"error: cannot classify '{printable(str(path))}': {printable(error.reason)}", file=sys.stderr)
+        reason = printable(" ".join(error.reason.split()))
+        print(f"error: cannot classify '{printable(str(path))}': {reason}", file=sys.stderr)
 
     if args.output is None:
         _print_rows(classifier, files, args.top_k, skip)
