@@ -300,3 +300,19 @@ def test_the_audit_says_when_its_fold_models_are_near_chance(audited: dict) -> N
     page = (audited["out"] / "report.html").read_text()
     assert f"Warning: the fold models are near chance (out-of-fold accuracy {accuracy:.3f}" in page
     assert "Warning: the fold models are near chance" in audited["stdout"]
+
+
+def test_names_that_a_spreadsheet_would_evaluate_are_written_as_text(
+    shapes_root: Path, tmp_path: Path, workdir: Path
+) -> None:
+    formula = '=HYPERLINK("evil.example","x")'
+    data = tmp_path / "data"
+    for name, source in ((formula, "circle"), ("plain", "square")):
+        shutil.copytree(shapes_root / "train" / source, data / name)
+    os.rename(data / "plain" / "00000.jpg", data / "plain" / "=1+2.jpg")
+    assert run_audit(f"--data.root={data}", *TINY, "--name=f") == 0
+    rows = read(workdir / "logs" / "f" / "audit" / "oof_probabilities.csv")
+    cells = {(r["file"], r["label"]) for r in rows}
+    assert (f"'{formula}/00000.jpg", f"'{formula}") in cells
+    assert ("plain/=1+2.jpg", "plain") in cells
+    assert not any(v.startswith(("=", "+", "-", "@")) for r in rows for v in r.values())

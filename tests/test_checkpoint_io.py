@@ -8,6 +8,7 @@ import os
 import random
 import re
 import threading
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,28 @@ def test_truncated_checkpoint_is_one_message(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:500])
     with pytest.raises(UserError, match=r"Cannot read checkpoint '.*cut.ckpt'.*truncated"):
         load_checkpoint_file(path)
+
+
+def test_a_checkpoint_declaring_more_data_than_its_file_holds_is_refused_before_loading(
+    tmp_path: Path,
+) -> None:
+    # torch.save's archive, its 100 MB tensor entry rewritten deflated: a 100 kB file that declares 100 MB
+    plain, bomb = tmp_path / "plain.ckpt", tmp_path / "bomb.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(25_000_000)}}, plain)
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as out:
+        for entry in source.infolist():
+            out.writestr(entry.filename, source.read(entry))
+    size = bomb.stat().st_size
+    assert size < 1_000_000
+    for load in (load_checkpoint_file, AtomicCheckpointIO(background=False).load_checkpoint):
+        with pytest.raises(UserError) as caught:
+            load(bomb)
+        message = str(caught.value)
+        assert message.startswith(f"Refused to load checkpoint '{bomb}': its entries declare 100,00")
+        assert (
+            f"more than the file's {size:,} bytes" in message and "Fix: use a checkpoint written" in message
+        )
+    assert load_checkpoint_file(plain)["state_dict"]["w"].shape == (25_000_000,)  # stored: loads as before
 
 
 def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path) -> None:

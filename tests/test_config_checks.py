@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from jsonargparse import Namespace
 
 from project.config_checks import check_batch_fits, check_cli_config
-from project.data.datamodule import ImageDataModule
+from project.data import datamodule as datamodule_module
+from project.data.datamodule import ImageDataModule, usable_cores
 from project.errors import UserError
 from project.model import ImageClassifier
 from tests.helpers import fast_args, run_cli
@@ -126,6 +127,15 @@ def test_cli_stops_before_training(workdir: Path, shapes_root: Path, flag: str, 
         ("--trainer.gradient_clip_val=-1", "--trainer.gradient_clip_val=-1.0 is out of range: it must be a"),
         ("--predictions.top_k=-3", "--predictions.top_k=-3 is out of range: it must be an integer >= 1"),
         ("--data.image_size=100000", "--data.image_size=100000 is too large: a batch of 16 images"),
+        (  # 12 training images of 32 px: the batch size is the typo, not the image size
+            "--data.batch_size=1000000000",
+            "--data.batch_size=1,000,000,000 is too large: a batch of 1,000,000,000 images of 32x32 px",
+        ),
+        (
+            "--data.num_workers=1000",
+            f"--data.num_workers=1000 is out of range: it must be an integer from 0 to {4 * usable_cores()} "
+            f"(4 per CPU core: this process may use {usable_cores()}; null: one per core, at most 8)",
+        ),
         ("--model.backbone=inception_v3", "Backbone 'inception_v3' cannot take 32 px images"),
     ],
 )
@@ -161,6 +171,27 @@ def test_batch_that_outgrows_memory_is_refused_with_sizes() -> None:
         UserError, match=r"takes 1\.1 GiB as the network's input alone, more than .* 1\.0 GiB"
     ):
         check_batch_fits(1000, 100, memory=2**30)
+
+
+def test_the_batch_size_is_named_when_the_image_size_would_fit() -> None:
+    with pytest.raises(UserError) as caught:
+        check_batch_fits(1000, 100, memory=2**30)  # 11.4 MiB per image: 89 fit
+    assert str(caught.value).startswith("--data.batch_size=100 is too large: a batch of 100 images of 1000x")
+    assert "Fix: set --data.batch_size to at most 89 at this image size" in str(caught.value)
+    with pytest.raises(UserError, match=r"^--data.image_size=10000 is too large: a batch of 8 images"):
+        check_batch_fits(10_000, 8, memory=2**30)  # 1.1 GiB per image: not one fits
+
+
+def test_num_workers_is_bounded_by_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(datamodule_module, "usable_cores", lambda: 2)
+    ImageDataModule(num_workers=8)
+    with pytest.raises(UserError) as caught:
+        ImageDataModule(num_workers=9)
+    assert str(caught.value) == (
+        "--data.num_workers=9 is out of range: it must be an integer from 0 to 8 (4 per CPU core: this "
+        "process may use 2; null: one per core, at most 8). Fix: set --data.num_workers to an integer "
+        "from 0 to 8 (4 per CPU core: this process may use 2; null: one per core, at most 8)."
+    )
 
 
 @EXAMPLES

@@ -10,7 +10,14 @@ import pytest
 import torch
 from PIL import Image
 
-from project.data.decode import MAX_ASPECT_RATIO, BadImageError, _libjpeg_turbo, load_rgb, read_rgb
+from project.data.decode import (
+    MAX_ASPECT_RATIO,
+    MAX_FILE_BYTES,
+    BadImageError,
+    _libjpeg_turbo,
+    load_rgb,
+    read_rgb,
+)
 from project.deploy.infer import Classifier
 from project.deploy.serve import bodies
 from tests.helpers import write_image
@@ -74,6 +81,23 @@ def test_bad_file_names_the_file(tmp_path: Path, content: bytes, reason: str) ->
         BadImageError, match=rf"Cannot decode image '.*broken.jpg'.*{reason}.*skip_bad_images"
     ):
         load_rgb(path)
+
+
+def test_a_huge_file_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "huge.jpg"
+    small = tmp_path / "small.jpg"
+    Image.new("RGB", (8, 8)).save(small)
+    path.write_bytes(small.read_bytes())
+    with open(path, "r+b") as f:
+        f.truncate(4 << 30)  # 4 GB, sparse: nothing is written, and nothing may be read
+    for read in (load_rgb, read_rgb):
+        with pytest.raises(BadImageError) as caught:
+            read(path)
+        assert caught.value.kind == "size"
+        assert str(caught.value).startswith(
+            f"Cannot decode image '{path}': it is 4,294,967,296 bytes, more than the limit of "
+            f"{MAX_FILE_BYTES:,} bytes for one image file. Fix: delete or replace the file"
+        )
 
 
 def _noise(width: int, height: int, mode: str = "RGB") -> Image.Image:

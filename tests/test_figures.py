@@ -132,3 +132,18 @@ def test_confusion_counts_match_torchmetrics_without_a_classes_squared_step() ->
         many.update(preds, target)
     assert time.perf_counter() - start < 0.3
     assert int(many.compute().sum()) == 640
+
+
+ODD = r"$\undefinedcmd$"  # a class folder's name: mathtext would fail to parse it
+
+
+def test_names_are_drawn_as_text_never_as_mathtext() -> None:
+    names = [ODD, "$x^2$", "price $5"]
+    grid = np.zeros((40, 3 * 40, 3), dtype=np.uint8)
+    assert figures.image_grid(grid, names, columns=3, cell=36, padding=4, title=ODD).ndim == 3
+    assert figures.confusion_matrix(np.eye(3, dtype=np.int64) * 2 + 1, names, ODD).ndim == 3
+    ax = Figure().add_subplot()
+    figures.draw_per_class(ax, [0.5, 0.9, 0.1], names)
+    assert [t.get_text() for t in ax.get_yticklabels()] == names[::-1]
+    with figures.plain_text():
+        figures.to_rgb(ax.figure)

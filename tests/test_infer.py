@@ -22,7 +22,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_export(tmp_path_factory.mktemp("model"), "m", seed=0)
 
 
-def infer(*args: str | bytes) -> subprocess.CompletedProcess:
+def infer(*args: str | bytes, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m project infer ARGS` in a subprocess; fails the test if it imported torch."""
     probe = (
         "import atexit, runpy, sys; sys.argv = ['project', 'infer'] + sys.argv[1:]\n"
@@ -30,7 +30,8 @@ def infer(*args: str | bytes) -> subprocess.CompletedProcess:
         "runpy.run_module('project', run_name='__main__')"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, env=env, timeout=120)
+    command = [sys.executable, "-c", probe, *args]
+    result = subprocess.run(command, capture_output=True, env=env, timeout=120, cwd=cwd)
     assert b"imported torch" not in result.stderr
     return result
 
@@ -175,3 +176,38 @@ def test_top_k_above_the_classes_lists_them_all(model: Path, tmp_path: Path) -> 
         header, row = list(csv.reader(f))
     assert header[-2:] == ["top4_class", "top4_probability"] and len(row) == len(header)
     assert sorted(row[3::2]) == ["blue", "dark", "green", "red"]
+
+
+def test_names_that_a_spreadsheet_would_evaluate_are_written_as_text(tmp_path: Path) -> None:
+    model = tiny_export(tmp_path, "m", seed=0)
+    sidecar = model.with_suffix(".json")
+    meta = json.loads(sidecar.read_text())
+    meta["class_names"] = ['=HYPERLINK("http://evil.example","x")', "+green", "@blue", "dark"]
+    sidecar.write_text(json.dumps(meta))
+    folder = tmp_path / "in"
+    folder.mkdir()
+    colour(folder / "=1+2.png", (230, 20, 20))
+    output = tmp_path / "out.csv"
+    result = infer("--model", str(model), "--output", str(output), "--top_k", "2", str(folder))
+    assert result.returncode == 0, result.stderr
+    with open(output, newline="") as f:
+        [row] = list(csv.DictReader(f))
+    assert row["file"] == str(folder / "=1+2.png")  # an absolute path starts with /: nothing to guard
+    assert row["class_name"] == row["top1_class"] == '\'=HYPERLINK("http://evil.example","x")'
+    relative = infer("--model", str(model), "--output", str(output), "=1+2.png", cwd=folder)
+    assert relative.returncode == 0, relative.stderr
+    with open(output, newline="") as f:
+        assert next(csv.DictReader(f))["file"] == "'=1+2.png"
+
+
+def test_a_bad_file_with_control_characters_is_named_escaped(model: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad\x1b]0;owned\x07\nerror: forged.png"
+    bad.write_bytes(b"not an image")
+    result = infer("--model", str(model), str(bad))
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "\x1b" not in err and "\x07" not in err
+    assert (
+        f"error: cannot classify '{tmp_path}/bad\\x1b]0;owned\\x07\\nerror: forged.png': cannot identify"
+        in err
+    )
+    assert len(err.splitlines()) == 2  # that file's line and the summary: no forged line

@@ -57,6 +57,16 @@ def test_the_csv_becomes_a_multi_hot_matrix(tmp_path: Path) -> None:
     assert index.class_names == ("big dog", "cat") and split is None
 
 
+def test_labels_csv_cells_guarded_against_spreadsheets_name_the_exact_files(tmp_path: Path) -> None:
+    # as predict and audit write them: a `'` before = + - @ (and before `'`s that precede one) is dropped
+    for name in ("=1+2.jpg", "'a.jpg"):
+        write_image(tmp_path / name)
+    labels = write_csv(tmp_path / "labels.csv", "file,labels\n'=1+2.jpg,'@cat dog\n'a.jpg,cat\n")
+    index, _ = read_labels_csv(labels, tmp_path)
+    assert [index.path(i).name for i in range(2)] == ["=1+2.jpg", "'a.jpg"]
+    assert index.class_names == ("@cat", "cat", "dog")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

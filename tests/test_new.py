@@ -272,3 +272,11 @@ def test_an_installed_copy_without_the_template_says_how_to_get_it(tmp_path: Pat
     message = r"has no template to copy .* Fix: reinstall it from a checkout"
     with pytest.raises(UserError, match=message), new.installed_template(tmp_path):
         pass
+
+
+def test_the_next_commands_quote_the_destination(tmp_path: Path, capsys) -> None:
+    dest = tmp_path / "my project; touch pwned"
+    assert run_new(str(dest), "--name", "leafnet") == 0
+    out = capsys.readouterr().out
+    assert f"  cd '{dest}' && python3 -m venv .venv" in out  # one argument of cd, not a second command
+    assert not (tmp_path / "pwned").exists()

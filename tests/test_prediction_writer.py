@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from project.callbacks.prediction_writer import PredictionWriter
 from project.data.dataset import FileDataset, collate_skipping_none
+from project.deploy.prediction_csv import original_cell, spreadsheet_cell
 from project.errors import UserError
 from tests.helpers import tiny_trainer
 
@@ -33,7 +34,13 @@ class MeanColour(L.LightningModule):
         return batch[0].float().mean(dim=(2, 3)) / 10
 
 
-def predict(folder: Path, names: Sequence[bytes], order: list[int], output: Path) -> list[dict]:
+def predict(
+    folder: Path,
+    names: Sequence[bytes],
+    order: list[int],
+    output: Path,
+    model: L.LightningModule | None = None,
+) -> list[dict]:
     """Predict images `names` (one per colour, in turn), visited in `order`; the CSV's rows."""
     files = []
     for i, name in enumerate(names):
@@ -42,7 +49,7 @@ def predict(folder: Path, names: Sequence[bytes], order: list[int], output: Path
         files.append(path)
     loader = DataLoader(FileDataset(files, lambda image: image, root=folder), batch_size=2, sampler=order)
     tiny_trainer(PredictionWriter(str(output), top_k=2)).predict(
-        MeanColour(), loader, return_predictions=False
+        model or MeanColour(), loader, return_predictions=False
     )
     with open(output, encoding="utf-8", errors="surrogateescape", newline="") as f:
         return list(csv.DictReader(f))
@@ -64,6 +71,30 @@ def test_a_name_that_is_not_utf8_is_written_with_its_bytes(tmp_path: Path) -> No
     assert [r["file"] for r in rows] == [os.fsdecode(b"caf\xe9.png"), "plain.png"]
     assert output.read_bytes().splitlines()[1].startswith(b"caf\xe9.png,red,")
     assert not list(tmp_path.glob(".p.csv*"))
+
+
+class FormulaNames(MeanColour):
+    class_names = ['=HYPERLINK("http://evil.example","x")', "-green", "'=blue"]
+
+
+def test_names_that_a_spreadsheet_would_evaluate_are_written_as_text(tmp_path: Path) -> None:
+    output = tmp_path / "p.csv"
+    rows = predict(tmp_path, [b"=1+2.png", b"@sum.png", b"'+c.png"], [0, 1, 2], output, FormulaNames())
+    cells = [(r["file"], r["class_name"], r["top1_class"]) for r in rows]
+    assert cells == [
+        ("'=1+2.png", '\'=HYPERLINK("http://evil.example","x")', '\'=HYPERLINK("http://evil.example","x")'),
+        ("'@sum.png", "'-green", "'-green"),
+        ("''+c.png", "''=blue", "''=blue"),
+    ]
+    assert [original_cell(r["file"]) for r in rows] == ["=1+2.png", "@sum.png", "'+c.png"]
+
+
+def test_every_text_comes_back_exactly_from_its_cell() -> None:
+    texts = ["=a", "+a", "-1", "@a", "\ta", "\ra", "'=a", "''-a", "'a", "''a", "a=b", "", "'", "plain"]
+    cells = [spreadsheet_cell(t) for t in texts]
+    assert cells[:7] == ["'=a", "'+a", "'-1", "'@a", "'\ta", "'\ra", "''=a"]
+    assert cells[8:] == texts[8:]  # nothing a spreadsheet evaluates: unchanged
+    assert [original_cell(c) for c in cells] == texts
 
 
 def test_an_image_refused_by_decoding_is_skipped_and_the_others_written(tmp_path: Path) -> None:

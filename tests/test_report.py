@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,41 @@ def test_report_errors_are_one_line(workdir: Path, capsys) -> None:
         err = capsys.readouterr().err
         assert err.startswith(message) and "Fix: " in err and err.count("\n") == 1, err
     assert not (workdir / "logs" / "empty" / "report.png").exists()
+
+
+def test_a_class_named_like_mathtext_is_trained_and_reported(workdir: Path, shapes_root: Path) -> None:
+    data = workdir / "data"
+    for split in ("train", "val"):
+        for name, source in ((r"$\undefinedcmd$", "circle"), ("$x^2$", "square")):
+            shutil.copytree(shapes_root / split / source, data / split / name)
+    assert run_cli("fit", *fast_args(data, "--name=odd", "--trainer.max_epochs=1")) == 0
+    result = report("odd", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "logs" / "odd" / "report.png").stat().st_size > 50_000
+
+
+def test_a_declared_confusion_matrix_shape_is_bounded_before_allocating(
+    workdir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    run = workdir / "logs" / "crafted"
+    shape = tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=50_000)] * 2)
+    counts = tensor_pb2.TensorProto(dtype=types_pb2.DT_INT64, tensor_shape=shape, int64_val=[1])
+    writer = EventFileWriter(str(run))  # one value, repeated to fill [50000, 50000]: 18.6 GiB
+    for summary in (
+        summary_pb2.Summary.Value(tag="val/acc", simple_value=0.5),
+        summary_pb2.Summary.Value(tag="val/confusion_matrix_counts", tensor=counts),
+    ):
+        writer.add_event(event_pb2.Event(step=3, summary=summary_pb2.Summary(value=[summary])))
+    writer.close()
+    with pytest.raises(SystemExit) as exit:
+        main(["crafted"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "error: 'logs/crafted': the event files' val/confusion_matrix_counts at step 3 has the shape "
+        "[50000, 50000]; expected [C, C] for C from 1 to 200 classes, as fit logs it. Fix: "
+    )
+    assert err.count("\n") == 1

@@ -25,6 +25,7 @@ import pickle
 import re
 import shutil
 import warnings
+import zipfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -200,6 +201,7 @@ def _mb(size: int) -> str:
 
 def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> dict:
     """torch.load with weights_only=True; a refused or unreadable file ends in one message naming it."""
+    check_declared_sizes(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -217,3 +219,27 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> dict:
             "the file is truncated or not a torch checkpoint; pass another one (a run keeps its "
             "checkpoints in checkpoints/<run>/).",
         ) from None
+
+
+def check_declared_sizes(path: str | Path) -> None:
+    """Refuse a zip checkpoint whose entries declare more bytes than the file holds, before torch.load.
+
+    torch.load allocates each tensor's storage at its entry's declared size and then fills it, so a
+    584 kB file with a deflated entry took 600 MB (a 6 MB one, 6 GiB). torch.save stores entries
+    uncompressed, so the data of a real checkpoint never exceeds its file. Files that are not zips
+    (torch's legacy format, which checks its sizes before allocating; garbage) are left to torch.load.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(entry.file_size for entry in archive.infolist())
+        size = os.path.getsize(path)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return
+    if declared > size:
+        raise UserError(
+            f"Refused to load checkpoint '{path}': its entries declare {declared:,} bytes of data, more "
+            f"than the file's {size:,} bytes (compressed or false sizes, each allocated in full before it "
+            "is read). Nothing was loaded.",
+            "use a checkpoint written by this project or torch.save (it stores tensors uncompressed), from "
+            "a source you trust.",
+        )

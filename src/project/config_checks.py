@@ -11,6 +11,9 @@ from typing import Any
 
 from project.errors import UserError
 
+# Fewer images than this per batch at an image size: the size, not the batch, is what does not fit
+MIN_BATCH = 8
+
 
 def require(ok: bool, key: str, value: Any, expected: str) -> None:
     """Raise a UserError naming `--key` unless `ok`."""
@@ -89,15 +92,26 @@ def check_batch_fits(image_size: Any, batch_size: Any, memory: int | None = None
     if not (_integer(image_size) and _integer(batch_size) and image_size > 0 and batch_size > 0):
         return  # the data module names values out of range
     memory = memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # RAM, as `memory` reports
-    need = batch_size * 3 * image_size**2 * 4  # float32, as the network receives it
-    if need > memory:
+    per_image = 3 * image_size**2 * 4  # float32, as the network receives it
+    need = batch_size * per_image
+    if need <= memory:
+        return
+    fitting = memory // per_image  # images of this size whose input alone fits
+    sizes = (
+        f"a batch of {batch_size:,} images of {image_size}x{image_size} px takes {_gib(need)} as the "
+        f"network's input alone, more than this machine's {_gib(memory)} of memory."
+    )
+    if fitting >= MIN_BATCH:  # the size is workable: the batch is what outgrows the memory
         raise UserError(
-            f"--data.image_size={image_size} is too large: a batch of {batch_size} images of "
-            f"{image_size}x{image_size} px takes {_gib(need)} as the network's input alone, more than "
-            f"this machine's {_gib(memory)} of memory.",
-            "set --data.image_size to what the images need (224 is usual; `python -m project memory` "
-            "measures a size's cost), or a smaller --data.batch_size.",
+            f"--data.batch_size={batch_size:,} is too large: {sizes}",
+            f"set --data.batch_size to at most {fitting:,} at this image size, less for the model's own "
+            "memory (16 to 256 are usual; `python -m project memory` measures a batch's cost).",
         )
+    raise UserError(
+        f"--data.image_size={image_size} is too large: {sizes}",
+        "set --data.image_size to what the images need (224 is usual; `python -m project memory` "
+        "measures a size's cost), or a smaller --data.batch_size.",
+    )
 
 
 def _gib(size: int) -> str:

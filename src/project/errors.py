@@ -2,6 +2,8 @@
 
 import re
 
+from project.terminal import printable
+
 # How a DataLoader worker's re-raised exception ends: "...\nproject.errors.UserError: <message>\n"
 _WORKER_TAIL = re.compile(r"\n(?:[\w.]+\.)?\w*Error: (?P<message>.*?)\s*\Z", re.DOTALL)
 
@@ -15,9 +17,12 @@ class UserError(Exception):
 
 
 def user_message(error: BaseException) -> str:
-    """The user-facing text of a UserError, also when a DataLoader worker re-raised it with a traceback."""
+    """The user-facing text of a UserError, also when a DataLoader worker re-raised it with a traceback.
+
+    One line, ready to print: the names it quotes have their control characters escaped.
+    """
     text = str(error)
     if "Original Traceback" not in text:
-        return text
+        return printable(text)
     tail = _WORKER_TAIL.search(text.rsplit("Traceback (most recent call last):", 1)[-1])
-    return tail.group("message") if tail else text
+    return printable(tail.group("message")) if tail else text

@@ -8,16 +8,29 @@ matplotlib only: the report draws these without torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
+from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from project.terminal import printable, printable_lines
 
 RIGHT, WRONG = "#1a7f37", "#cf222e"
 # Past this many classes a picture shows a summary (the classes of the top confusions, the lowest and
 # highest accuracies): a 10,000-class matrix drawn in full needed 9.6 GB and shows nothing readable.
 MAX_DRAWN = 50
+# Classes up to which the whole confusion matrix is logged each epoch (320 kB of counts); `report` reads
+# no larger one back.
+MAX_LOGGED_COUNTS = 200
+
+# Names (classes, files, runs, metric tags) are data, drawn as they are: by default matplotlib parses
+# `$...$` in any text as mathtext (a class folder `$\undefinedcmd$` was a fatal error at the first
+# batch) or hands it to LaTeX. Text artists read these settings when they are made, and tick labels are
+# also made while drawing, so every picture is made and drawn inside `plain_text()`.
+plain_text = partial(rc_context, {"text.parse_math": False, "text.usetex": False})
 
 
 def to_rgb(figure: Figure) -> np.ndarray:
@@ -27,6 +40,7 @@ def to_rgb(figure: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
+@plain_text()
 def image_grid(
     grid: np.ndarray,
     captions: Sequence[str],
@@ -51,12 +65,15 @@ def image_grid(
         row, column = divmod(i, columns)
         x, y = padding + column * step + cell / 2, padding + row * step - padding * 0.15
         color = colors[i] if colors else "black"
-        ax.text(x, y, caption, ha="center", va="bottom", fontsize=7, color=color, clip_on=True)
+        ax.text(
+            x, y, printable_lines(caption), ha="center", va="bottom", fontsize=7, color=color, clip_on=True
+        )
     if title:
         figure.suptitle(title, fontsize=9, y=0.995, va="top")
     return to_rgb(figure)
 
 
+@plain_text()
 def confusion_matrix(counts: np.ndarray, class_names: Sequence[str], title: str = "") -> np.ndarray:
     """The confusion matrix as an image, for TensorBoard (a summary past MAX_DRAWN classes)."""
     side = min(14.0, 2.5 + 0.45 * min(len(class_names), MAX_DRAWN))
@@ -92,6 +109,7 @@ def confused_classes(counts: np.ndarray, limit: int = MAX_DRAWN) -> list[int]:
     return sorted(chosen) or list(range(min(limit, len(counts))))  # nothing confused: any will do
 
 
+@plain_text()
 def draw_confusion_matrix(ax: Axes, counts: np.ndarray, class_names: Sequence[str], title: str = "") -> None:
     """Rows normalized to 1 (each true class), cells annotated with the fraction.
 
@@ -104,7 +122,7 @@ def draw_confusion_matrix(ax: Axes, counts: np.ndarray, class_names: Sequence[st
     sub = counts[np.ix_(shown, shown)].astype(np.float64)
     rows = counts[shown].sum(axis=1, keepdims=True, dtype=np.float64)
     fractions = np.divide(sub, rows, out=np.zeros_like(sub), where=rows > 0)
-    names = [class_names[i] for i in shown]
+    names = [printable(class_names[i]) for i in shown]  # no control characters (no glyph, nor in warnings)
     n = len(names)
     image = ax.imshow(fractions, cmap="Blues", vmin=0, vmax=1)
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
@@ -123,6 +141,7 @@ def draw_confusion_matrix(ax: Axes, counts: np.ndarray, class_names: Sequence[st
     ax.set_title(f"{title} {what}, rows sum to 1 (accuracy {accuracy:.3f})".strip(), fontsize=9)
 
 
+@plain_text()
 def draw_per_class(ax: Axes, accuracy: Sequence[float], class_names: Sequence[str]) -> None:
     """Horizontal bars of per-class accuracy, first class on top; classes well below the mean in red.
 
@@ -136,7 +155,7 @@ def draw_per_class(ax: Axes, accuracy: Sequence[float], class_names: Sequence[st
         order = np.concatenate([ranked[: MAX_DRAWN // 2], ranked[-MAX_DRAWN // 2 :]])[::-1]
     colors = [WRONG if a < accuracy.mean() - 0.1 else RIGHT for a in accuracy[order]]
     ax.barh(range(len(order)), accuracy[order], color=colors)
-    ax.set_yticks(range(len(order)), [class_names[i] for i in order], fontsize=8)
+    ax.set_yticks(range(len(order)), [printable(class_names[i]) for i in order], fontsize=8)
     ax.set_xlim(0, 1)
     some = (
         f": the {MAX_DRAWN // 2} lowest and highest of {len(accuracy)} classes"

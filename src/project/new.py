@@ -23,6 +23,7 @@ import importlib.util
 import keyword
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,7 +32,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from project.errors import UserError
+from project.errors import UserError, user_message
+from project.terminal import printable
 
 # The package being copied: the old name in the copy, whatever this package is called today.
 PACKAGE = __name__.partition(".")[0]
@@ -353,12 +355,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         count, commit = create(args.dest, args.name)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {user_message(e)}", file=sys.stderr)
         sys.exit(2)
     note = f"git commit {commit}" if commit else "no git repository: git is not installed"
+    dest = printable(str(args.dest))  # a folder name could hold terminal control characters
     print(
-        f"Created {args.name} in {args.dest} ({count} files; {note}). Next:\n"
-        f"  cd {args.dest} && python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'\n"
+        f"Created {args.name} in {dest} ({count} files; {note}). Next:\n"
+        # quoted: a folder with spaces or `;` is one argument of cd, not more commands to paste
+        f"  cd {printable(shlex.quote(str(args.dest)))} && python3 -m venv .venv && "
+        ".venv/bin/pip install -q -e '.[dev]'\n"
         f"  .venv/bin/python -m {args.name} fit\n"
         f"Adapting it to your task: docs/new-task.md"
     )

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -64,7 +65,6 @@ def find_run(run: str) -> Path:
 def read_run(run_dir: Path) -> Run:
     """Scalars and the last confusion matrix from every event file of the run folder."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.util import tensor_util
 
     if not any(run_dir.glob("events.out.tfevents.*")):
         raise UserError(
@@ -89,8 +89,35 @@ def read_run(run_dir: Path) -> Run:
     run.class_names = [tag[len(CLASS_ACC) :] for tag in tags["scalars"] if tag.startswith(CLASS_ACC)]
     if COUNTS in tags["tensors"]:
         last = events.Tensors(COUNTS)[-1]
-        run.counts, run.counts_step = tensor_util.make_ndarray(last.tensor_proto), last.step
+        run.counts, run.counts_step = _counts(run_dir, last.tensor_proto, last.step), last.step
     return run
+
+
+def _counts(run_dir: Path, proto: Any, step: int) -> np.ndarray:
+    """The confusion-matrix counts of an event file, checked from the declared shape before allocating.
+
+    A tensor's shape is declared apart from its values, and the values are repeated to fill it:
+    270 bytes of event file asked for an 18.6 GiB array.
+    """
+    from tensorboard.util import tensor_util
+
+    shape = [d.size for d in proto.tensor_shape.dim]
+    square = len(shape) == 2 and shape[0] == shape[1]
+    if not square or not 1 <= shape[0] <= figures.MAX_LOGGED_COUNTS:
+        raise UserError(
+            f"'{run_dir}': the event files' {COUNTS} at step {step} has the shape {shape}; expected "
+            f"[C, C] for C from 1 to {figures.MAX_LOGGED_COUNTS} classes, as fit logs it.",
+            "report a run folder that `python -m project fit` wrote (this event file was changed or "
+            "written by something else), or remove that event file.",
+        )
+    try:
+        counts = tensor_util.make_ndarray(proto)
+    except (ValueError, TypeError) as e:
+        raise UserError(
+            f"'{run_dir}': the event files' {COUNTS} at step {step} cannot be read: {e}.",
+            "report a run folder that `python -m project fit` wrote, or remove that event file.",
+        ) from None
+    return counts
 
 
 def draw_report(run: Run) -> Figure:
@@ -181,7 +208,8 @@ def report(run: str, output: str | None = None) -> Path:
     png = Path(output) if output else run_dir / "report.png"
     png.parent.mkdir(parents=True, exist_ok=True)
     image = io.BytesIO()
-    draw_report(data).savefig(image, format="png")
+    with figures.plain_text():  # class names and tags are text, never mathtext
+        draw_report(data).savefig(image, format="png")
     atomic_write(png, image.getbuffer())
     write_html(data, png, png.with_suffix(".html"))
     reliability = png.with_name("reliability.png")
@@ -198,7 +226,8 @@ def write_reliability(sidecar: Path, png: Path) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return False
     image = io.BytesIO()
-    draw_reliability(bins, meta).savefig(image, format="png")
+    with figures.plain_text():
+        draw_reliability(bins, meta).savefig(image, format="png")
     atomic_write(png, image.getbuffer())
     return True
 

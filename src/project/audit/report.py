@@ -20,6 +20,7 @@ from project.audit.images import AuditImages
 from project.audit.labels import LabelIssues
 from project.data.index import ImageIndex
 from project.data.skipped import SkipLog
+from project.deploy.prediction_csv import spreadsheet_cell
 
 THUMB = 112
 # The fold models count as near chance below this share of the way from chance accuracy to perfect:
@@ -97,10 +98,12 @@ def chance_warning(accuracy: float, chance: float) -> str | None:
 
 
 def _csv(header: list[str], rows: list[list[object]]) -> bytes:
+    """A CSV with the predictions CSV's rules: names are never spreadsheet formulas, any name's bytes kept."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
-    writer.writerows(rows)
+    # numbers are written as non-negative decimals, so only names (files, labels) can change here
+    writer.writerows([spreadsheet_cell(c) if isinstance(c, str) else c for c in row] for row in rows)
     return buffer.getvalue().encode("utf-8", "surrogateescape")
 
 

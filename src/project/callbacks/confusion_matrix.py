@@ -14,9 +14,8 @@ from typing_extensions import override
 
 from project import figures
 from project.callbacks.tensorboard import add_image, single_label, step, writer
+from project.figures import MAX_LOGGED_COUNTS
 from project.model import label_names
-
-MAX_LOGGED_COUNTS = 200  # classes up to which the whole matrix is logged each epoch (320 kB of counts)
 
 
 class _Counts(MulticlassConfusionMatrix):

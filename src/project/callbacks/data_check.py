@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from project.errors import UserError
 from project.model import is_multilabel
+from project.terminal import printable
 
 
 class DataCheck(Callback):
@@ -52,7 +53,7 @@ class DataCheck(Callback):
         for split, index in splits.items():
             check_labels(np.asarray(index.labels), num_classes, f"The {split} split", multilabel)
         table = class_count_table(splits)
-        rank_zero_info(table)
+        rank_zero_info(table)  # its class names are escaped: folder names may hold control characters
         log_text(trainer, "data_check/class_counts", table)
         balance = getattr(trainer.datamodule, "balance", "none")
         for split, index in splits.items():
@@ -91,8 +92,8 @@ class DataCheck(Callback):
         if counts[most] <= self.imbalance_ratio * counts[least]:
             return
         found = (
-            f"The {split} split is imbalanced: '{most}' has {counts[most]} images, '{least}' "
-            f"{counts[least]} ({counts[most] / counts[least]:.0f}x)."
+            f"The {split} split is imbalanced: '{printable(most)}' has {counts[most]} images, "
+            f"'{printable(least)}' {counts[least]} ({counts[most] / counts[least]:.0f}x)."
         )
         select = "--checkpoint.monitor=val/balanced_acc keeps the checkpoints that are best on every class"
         if balance == "none":
@@ -246,10 +247,11 @@ def class_count_table(splits: dict[str, Any], rows: int = 20) -> str:
         title += (
             f" ({len(first)} classes: the {rows // 2} largest and smallest by {next(iter(counts))} images)"
         )
-    width = max(len("class"), *(len(n) for n in names if n is not None))
+    width = max(len("class"), *(len(printable(n)) for n in names if n is not None))
     header = f"  {'class':<{width}}" + "".join(f" {split:>8}" for split in counts)
     lines = [
-        f"  {n or '...':<{width}}" + "".join(f" {'...' if n is None else c[n]:>8}" for c in counts.values())
+        f"  {printable(n or '...'):<{width}}"
+        + "".join(f" {'...' if n is None else c[n]:>8}" for c in counts.values())
         for n in names
     ]
     total = f"  {'total':<{width}}" + "".join(f" {sum(c.values()):>8}" for c in counts.values())

@@ -46,10 +46,19 @@ EMBEDDED_MULTILABEL_CSV = Path("data") / "multishapes" / "labels.csv"
 Balance = Literal["none", "sampler", "loss"]
 
 
+# Loader workers per usable CPU core at most: beyond a few per core they only queue for the cores, and
+# --data.num_workers=1000 started ~700 processes (each with its own interpreter and prefetched batches).
+MAX_WORKERS_PER_CORE = 4
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def default_num_workers() -> int:
     """One loader worker per CPU core this process may use, at most 8."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return min(8, cores)
+    return min(8, usable_cores())
 
 
 def check_data_options(
@@ -71,7 +80,13 @@ def check_data_options(
     require(0 < ratio[0] <= ratio[1], "data.ratio", list(ratio), "[low, high] with 0 < low <= high")
     positive_int("data.batch_size", batch_size)
     if num_workers is not None:
-        require(num_workers >= 0, "data.num_workers", num_workers, "0 or more (null: one per CPU core)")
+        cores = usable_cores()
+        most = MAX_WORKERS_PER_CORE * cores
+        expected = (
+            f"an integer from 0 to {most} ({MAX_WORKERS_PER_CORE} per CPU core: this process may use "
+            f"{cores}; null: one per core, at most 8)"
+        )
+        require(0 <= num_workers <= most, "data.num_workers", num_workers, expected)
     if prefetch_factor is not None:
         positive_int("data.prefetch_factor", prefetch_factor)
 

@@ -15,6 +15,7 @@ from project.data.cache import DecodedImages
 from project.data.decode import BadImageError, load_rgb
 from project.data.index import ImageIndex
 from project.data.skipped import SkipLog
+from project.terminal import printable
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -139,7 +140,10 @@ def _load(path: Path, dataset: ImageDataset | FileDataset) -> torch.Tensor | Non
         dataset.skipped += 1
         if dataset.skip_log is not None:
             dataset.skip_log.add(path, e.reason)
-        warnings.warn(f"Skipped a bad image ({dataset.skipped} in this worker so far): {e}", stacklevel=2)
+        warnings.warn(
+            f"Skipped a bad image ({dataset.skipped} in this worker so far): {printable(str(e))}",
+            stacklevel=2,
+        )
         return None
 
 

@@ -40,6 +40,10 @@ MAX_HEADER_UNITS = 4096
 # Resizing the short side to the model's input lets the long side grow with the aspect ratio: a
 # 2 KB PNG of 1x1,000,000 pixels became a 7 GB resize. Photos, panoramas and web banners stay far below.
 MAX_ASPECT_RATIO = 100
+# A file is read whole before its header is checked: a 4 GB file in an image folder was read into
+# memory (in each loader worker) first. No image worth decoding is larger than an uncompressed 8-bit
+# RGBA one at Pillow's pixel limit (2 x 89.5 M pixels x 4 bytes = 716 MB): larger files are refused unread.
+MAX_FILE_BYTES = 1 << 30
 
 # Netpbm as Pillow reads it costs Python work per byte: header comments are skipped a byte at a
 # time and plain (P1-P3) pixels are parsed in Python (a 15 MB plain PPM held a core for about a
@@ -74,12 +78,23 @@ def bad_image(name: str | Path, reason: str, kind: str = "corrupt") -> BadImageE
 def read_file(path: Path) -> bytes:
     """The bytes of an image file; BadImageError for a missing, unreadable or special file."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe or device would block or never end
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):  # a pipe or device would block or never end
             raise bad_image(path, "not a regular file", "unreadable")
+        if info.st_size > MAX_FILE_BYTES:
+            raise _too_large(path, info.st_size)
         with open(path, "rb") as f:
-            return f.read()
+            data = f.read(MAX_FILE_BYTES + 1)  # bounded also when the file grows while it is read
     except OSError as e:
         raise bad_image(path, e.strerror or type(e).__name__, "unreadable") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise _too_large(path, len(data))
+    return data
+
+
+def _too_large(path: Path, size: int) -> BadImageError:
+    reason = f"it is {size:,} bytes, more than the limit of {MAX_FILE_BYTES:,} bytes for one image file"
+    return bad_image(path, reason, "size")
 
 
 def read_rgb(path: Path) -> np.ndarray:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from project.errors import UserError
+from project.terminal import printable
 
 IMAGE_EXTENSIONS = frozenset(
     {
@@ -101,8 +102,8 @@ def _follow(dirpath: str, name: str, indexed: list[str]) -> bool:
     target = os.path.realpath(link)
     if _overlaps(target, indexed):
         warnings.warn(
-            f"Skipped the folder link '{link}' -> '{target}': its images are already indexed "
-            "(a link into or around the data folder repeats them or loops).",
+            f"Skipped the folder link '{printable(link)}' -> '{printable(target)}': its images are already "
+            "indexed (a link into or around the data folder repeats them or loops).",
             stacklevel=4,
         )
         return False

@@ -8,6 +8,10 @@
 Labels are separated by `delimiter` (default: whitespace); the label names are all the labels that
 occur, sorted. `split` (train, val or test) is optional: without it, --data.val_split holds out a
 seeded random fraction.
+
+Cells follow the predictions CSV's spreadsheet rule (`project.deploy.prediction_csv`): a `'` that guards
+a formula character (`'=1+2.png`) is dropped, so a list built from `audit`'s or `predict`'s CSVs
+names the same files and labels.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from project.data.index import HoldOut, ImageIndex, Splits
+from project.deploy.prediction_csv import original_cell
 from project.errors import UserError
 
 SPLITS = ("train", "val", "test")
@@ -45,7 +50,10 @@ def read_labels_csv(path: Path, base: Path, delimiter: str = " ") -> tuple[Image
                 f"Labels file '{path}' has the columns {columns}; expected `file` and `labels`.",
                 "start the CSV with the header row `file,labels` (or `file,labels,split`).",
             )
-        rows = [(r["file"] or "", r["labels"] or "", (r.get("split") or "").strip()) for r in reader]
+        rows = [
+            (original_cell(r["file"] or ""), original_cell(r["labels"] or ""), (r.get("split") or "").strip())
+            for r in reader
+        ]
     if not rows:
         raise UserError(f"Labels file '{path}' has no rows.", "add one row per image: file,labels.")
     files = [file for file, _, _ in rows]

@@ -33,6 +33,7 @@ from project.deploy import sidecar as sidecars
 from project.deploy.calibration import UNKNOWN, Calibration
 from project.deploy.sidecar import sidecar_multilabel
 from project.errors import UserError, user_message
+from project.terminal import printable
 
 
 class Answer(NamedTuple):
@@ -242,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def skip(path: Path, error: BadImageError) -> None:  # one line each, as soon as it is met
         bad.append(path)
-        print(f"error: cannot classify '{path}': {' '.join(error.reason.split())}", file=sys.stderr)
+        reason = printable(" ".join(error.reason.split()))
+        print(f"error: cannot classify '{printable(str(path))}': {reason}", file=sys.stderr)
 
     if args.output is None:
         _print_rows(classifier, files, args.top_k, skip)
@@ -256,13 +258,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _print_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Callable) -> None:
+    tty = sys.stdout.isatty()
     if hasattr(sys.stdout, "reconfigure"):  # names that are not UTF-8 are printed as their bytes
         sys.stdout.reconfigure(errors=prediction_csv.ERRORS)
     for answer in classifier.classify(files, top_k, on_bad=skip):
         pairs = zip(answer.names, answer.probabilities, strict=True)
         score = classifier.calibration.score_name
         unknown = f"{UNKNOWN} ({score} {answer.score:.4f})\t" if answer.unknown else ""
-        print(f"{answer.path}\t{unknown}" + "\t".join(f"{n} {p:.4f}" for n, p in pairs))
+        line = f"{answer.path}\t{unknown}" + "\t".join(f"{n} {p:.4f}" for n, p in pairs)
+        # on a terminal, names are escaped (as ls does); a pipe gets every name's exact bytes
+        print("\t".join(map(printable, line.split("\t"))) if tty else line)
 
 
 def _write_csv(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, output: Path) -> None:

@@ -1,0 +1,21 @@
+r"""Text for the terminal: names (files, class folders, runs) printed with their control characters escaped.
+
+A name is bytes chosen by whoever made the file: `printf '\e]0;owned\a'` as a class folder set the
+terminal's title when a message printed it, and a newline in a name forged a line of output. Every
+message that can hold a name goes through `printable`, which escapes what repr would (`\x1b`, `\n`,
+`\u202e`, the bytes of a name that is not UTF-8) and leaves all printable text, any script, as it is.
+"""
+
+from __future__ import annotations
+
+
+def printable(text: str) -> str:
+    """`text` with each non-printable character written as its escape sequence (repr's form)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def printable_lines(text: str) -> str:
+    """`printable` per line: for messages of several lines (tables) whose names are escaped."""
+    return "\n".join(printable(line) for line in text.split("\n"))
