@@ -275,7 +275,7 @@ def test_an_installed_copy_without_the_template_says_how_to_get_it(tmp_path: Pat
 
 
 def test_the_next_commands_quote_the_destination(tmp_path: Path, capsys) -> None:
-    dest = tmp_path / "my project; touch pwned"
+    dest = tmp_path / "my task; touch pwned"
     assert run_new(str(dest), "--name", "leafnet") == 0
     out = capsys.readouterr().out
     assert f"  cd '{dest}' && python3 -m venv .venv" in out  # one argument of cd, not a second command
