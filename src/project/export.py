@@ -37,6 +37,7 @@ from project.model import ImageClassifier
 # fixed bound refuses sound exports; a wrong weight or normalisation moves logits by far more.
 ATOL, RTOL = 1e-4, 2e-5
 FORMATS = ("onnx", "pt2")
+TARGETS = ("onnx", "openvino")  # --format: ONNX (+ .pt2), or also an OpenVINO IR beside them
 
 
 class ExportError(UserError):
@@ -61,6 +62,7 @@ class Exported:
     pt2: Path
     sidecar: Path
     metadata: dict
+    openvino: Path | None = None  # the IR's .xml, with --format openvino
 
 
 def validation_images(datamodule: object, count: int = 7) -> list[Path]:
@@ -114,17 +116,27 @@ def export_checkpoint(
     unknown_score: str = "energy",
     quantize: str | None = None,
     calibrate: bool = True,
+    format: str = "onnx",
 ) -> Exported:
     """Export `ckpt_path` next to it (or into `output_dir`); verify on random and real images.
 
     With `datamodule` (its validation images on disk) the sidecar also gets a temperature and an
     unknown threshold accepting the share `unknown_accept` (0 or None: off) of validation images
-    (`project.calibrate`); `quantize="int8"` also writes `<stem>-int8.onnx` (`project.quantize`).
+    (`project.calibrate`); `quantize="int8"` also writes `<stem>-int8.onnx` (`project.quantize`);
+    `format="openvino"` also writes the IR `<stem>.xml` + `.bin` (`project.export_openvino`).
     """
     check_accept(unknown_accept, "unknown_accept")
     check_score(unknown_score, "unknown_score")
     if quantize not in (None, "int8"):
         raise UserError(f"quantize={quantize!r} is not supported.", "pass --quantize int8, or leave it out.")
+    if format not in TARGETS:
+        raise UserError(
+            f"format={format!r} is not an export target.", f"pass --format {' or '.join(TARGETS)}."
+        )
+    if format == "openvino":
+        from project import export_openvino
+
+        export_openvino.require()  # before any work: a missing package is one message
     ckpt_path = Path(ckpt_path).resolve()
     if not ckpt_path.is_file():
         raise UserError(f"Checkpoint '{ckpt_path}' does not exist.", "pass --ckpt_path PATH to a .ckpt file.")
@@ -140,7 +152,8 @@ def export_checkpoint(
     out = Path(output_dir) if output_dir is not None else ckpt_path.parent
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{run}{metric}-{stamp}"
-    final = {fmt: out / f"{stem}.{fmt}" for fmt in (*FORMATS, "json")}
+    extra = export_openvino.SUFFIXES if format == "openvino" else ()
+    final = {fmt: out / f"{stem}.{fmt}" for fmt in (*FORMATS, *extra, "json")}
     # renamed into place together once verified, in this order: the sidecar appears last
     with atomic_files(*final.values()) as partials:
         partial = dict(zip(final, partials, strict=True))
@@ -162,6 +175,8 @@ def export_checkpoint(
             else calibration_skipped("turned off (calibrate=false)")
         )
         metadata["files"] = {fmt: final[fmt].name for fmt in FORMATS}
+        if format == "openvino":  # the IR of the verified ONNX file, verified the same way
+            export_openvino.export_ir(deployable, partial["onnx"], partial, batches, metadata, final)
         partial["json"].write_text(json.dumps(metadata, indent=2) + "\n")
     for fmt, path in final.items():
         atomic_symlink(out / f"latest.{fmt}", path.name)
@@ -169,7 +184,7 @@ def export_checkpoint(
         from project.quantize import quantize_export
 
         quantize_export(final["onnx"], datamodule)
-    return Exported(final["onnx"], final["pt2"], final["json"], metadata)
+    return Exported(final["onnx"], final["pt2"], final["json"], metadata, final.get("xml"))
 
 
 def _example(size: int, batch: int = 2) -> torch.Tensor:

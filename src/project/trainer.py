@@ -133,6 +133,7 @@ class Trainer(L.Trainer):
         unknown_score: Literal["energy", "max_probability"] = "energy",
         quantize: Literal["int8"] | None = None,
         calibrate: bool = True,
+        format: Literal["onnx", "openvino"] = "onnx",
     ) -> None:
         """Export a checkpoint to ONNX and .pt2, verified against PyTorch, with a JSON sidecar.
 
@@ -150,6 +151,8 @@ class Trainer(L.Trainer):
                 the float model.
             calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
                 `unknown`).
+            format: `openvino`: also write an OpenVINO IR (`<name>.xml` + `.bin`) from the ONNX
+                file, verified against PyTorch the same way (needs `pip install 'project[openvino]'`).
         """
         images = validation_images(datamodule)
         result = export_checkpoint(
@@ -162,8 +165,10 @@ class Trainer(L.Trainer):
             unknown_score=unknown_score,
             quantize=quantize,
             calibrate=calibrate,
+            format=format,
         )
-        print(f"Exported {result.onnx}\n         {result.pt2}\n         {result.sidecar}")
+        ir = f"\n         {result.openvino}" if result.openvino else ""
+        print(f"Exported {result.onnx}\n         {result.pt2}{ir}\n         {result.sidecar}")
 
 
 @contextmanager
