@@ -152,7 +152,7 @@ class Trainer(L.Trainer):
             calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
                 `unknown`).
             format: `openvino`: also write an OpenVINO IR (`<name>.xml` + `.bin`) from the ONNX
-                file, verified against PyTorch the same way (needs `pip install 'project[openvino]'`).
+                file, verified against PyTorch the same way (needs `pip install openvino`).
         """
         images = validation_images(datamodule)
         result = export_checkpoint(

@@ -2,7 +2,8 @@
 
 `OpenVINOSession(xml).run(["logits"], {"images": batch})` answers as
 `onnxruntime.InferenceSession.run` does, so `infer` and `serve` take either file. OpenVINO is an
-optional package (`pip install 'project[openvino]'`); without it, loading an IR is one UserError.
+optional package (`pip install openvino`, or the `openvino` extra); without it, loading an IR is
+one UserError.
 Importing this module imports neither torch nor openvino.
 """
 
@@ -17,7 +18,9 @@ import numpy as np
 from project.errors import UserError
 
 SUFFIX = ".xml"  # the IR's graph; its weights are the .bin of the same stem
-INSTALL = "install it with `pip install 'project[openvino]'` (or `pip install openvino`)."
+INSTALL = (
+    "install it with `pip install openvino` (in a clone of this project: `pip install -e '.[openvino]'`)."
+)
 # Export verifies the IR in float32. OpenVINO's CPU plugin otherwise picks bf16 on CPUs that have
 # it (AMX, AVX512-BF16), which moves logits by far more than the verification bound allows.
 PRECISION = {"INFERENCE_PRECISION_HINT": "f32"}
