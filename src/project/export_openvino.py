@@ -21,7 +21,9 @@ from project.deploy.openvino_runtime import OpenVINOSession, import_openvino
 from project.export import ATOL, RTOL, ExportError
 
 NAME = "openvino"  # the `--format` value, the sidecar's `files` and `verification.results` key
-SUFFIXES = ("xml", "bin")  # the files the target writes beside the ONNX file, graph then weights
+# the files the target writes beside the ONNX file, renamed into place in this order: the weights
+# first, so that a graph under its final name always has its weights beside it
+SUFFIXES = ("bin", "xml")
 
 
 def require() -> None:
