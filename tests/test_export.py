@@ -18,10 +18,11 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from project import calibrate, export, quantize
+from project import export
 from project.data.datamodule import ImageDataModule
 from project.data.shapes import CLASSES
-from project.export import ExportError, export_checkpoint, verification_batches, verify
+from project.export import ExportError, export_checkpoint, onnx_target, quantize, verification_batches, verify
+from project.export import fit_calibration as calibrate
 from tests.helpers import fast_args, run_cli
 
 SIDECAR_KEYS = {
@@ -109,7 +110,7 @@ def test_tampered_export_fails_verification(trained: Path, tmp_path: Path) -> No
     with pytest.raises(
         ExportError, match=r"verification failed \(onnxruntime on random-1: max \|logit diff\|"
     ):
-        verify(model, bad, folder / "latest.pt2", verification_batches(32, 0.875, []))
+        verify(model, {"onnx": bad, "pt2": folder / "latest.pt2"}, verification_batches(32, 0.875, []))
 
 
 def test_failed_verification_leaves_nothing(
@@ -118,8 +119,8 @@ def test_failed_verification_leaves_nothing(
     folder = run_dir(trained)
     bad = tampered_copy(folder / "latest.onnx", tmp_path / "bad.onnx")
     write_bad = lambda *args: bool(args[2].write_bytes(bad.read_bytes()))  # noqa: E731
-    monkeypatch.setattr(export, "_write_onnx_torchscript", write_bad)  # fails verification, and so
-    monkeypatch.setattr(export, "_write_onnx", write_bad)  # does the fallback's file
+    monkeypatch.setattr(onnx_target, "write_torchscript", write_bad)  # fails verification, and so
+    monkeypatch.setattr(onnx_target, "write_torch_export", write_bad)  # does the fallback's file
     before = {p.name: os.readlink(p) if p.is_symlink() else None for p in folder.iterdir()}
     with pytest.raises(ExportError, match="no file was kept"):
         export_checkpoint(folder / "last.ckpt")
@@ -261,12 +262,12 @@ def test_verification_follows_the_logits_scale_and_still_catches_defects(
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.01, weight.name))
     onnx.save(source, str(model_file))
     with pytest.raises(ExportError, match="verification failed"):
-        verify(model, model_file, exported.pt2, batches)
+        verify(model, {"onnx": model_file, "pt2": exported.pt2}, batches)
     wrong = export.Deployable(export.load_for_export(torch.load(big, weights_only=False))).eval()
     wrong.normalize = type(model.normalize)((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-    assert export._write_onnx_torchscript(wrong, 32, tmp_path / "wrong-norm.onnx", 18)
+    assert onnx_target.write_torchscript(wrong, 32, tmp_path / "wrong-norm.onnx", 18)
     with pytest.raises(ExportError, match="verification failed"):
-        verify(model, tmp_path / "wrong-norm.onnx", exported.pt2, batches)
+        verify(model, {"onnx": tmp_path / "wrong-norm.onnx", "pt2": exported.pt2}, batches)
 
 
 def test_calibration_refuses_to_flatten_a_near_chance_model(
@@ -294,3 +295,27 @@ def test_calibration_refuses_to_flatten_a_near_chance_model(
         f"Calibration skipped: the fitted temperature reached {calibrate.MAX_TEMPERATURE:g}, the upper bound"
         in out
     )
+
+
+def test_the_export_command_and_the_end_of_fit_export_take_the_same_options() -> None:
+    from dataclasses import fields
+
+    from jsonargparse import ArgumentParser
+
+    from project.callbacks import ExportBest
+    from project.errors import UserError
+    from project.export import ExportOptions
+    from project.trainer import Trainer
+
+    command, callback = ArgumentParser(), ArgumentParser()
+    command.add_method_arguments(Trainer, "export", skip={"model", "datamodule"})
+    callback.add_class_arguments(ExportBest)
+    flags = ["--opset=17", "--unknown_accept=0.9", "--unknown_score=max_probability", "--quantize=int8"]
+    parsed = command.parse_args([*flags, "--calibrate=false", "--ckpt_path=x.ckpt"])
+    chosen = ExportOptions(17, 0.9, "max_probability", "int8", calibrate=False)
+    assert {k: v for k, v in vars(parsed).items() if k not in ("ckpt_path", "output_dir")} == vars(chosen)
+    built = ExportBest(**vars(callback.parse_args([*flags, "--calibrate=false"])))
+    assert built.options == chosen and built.enabled
+    assert {f.name for f in fields(ExportOptions)} == set(vars(callback.parse_args([]))) - {"enabled"}
+    with pytest.raises(UserError, match=r"unknown_accept=1.5 is not a share from 0 to 1"):
+        ExportBest(unknown_accept=1.5)  # refused when fit starts, not when it ends

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from project import calibrate
 from project.atomic import atomic_files, atomic_symlink
 from project.data.dataset import ImageDataset, collate_skipping_none
 from project.data.transforms import eval_transform
 from project.deploy.infer import sidecar_multilabel
 from project.errors import UserError
+from project.export import fit_calibration
 
 CALIBRATION_IMAGES = 256
 LATENCY_BATCHES = (1, 8)
@@ -42,7 +42,7 @@ class TrainingImages:
         skip = bool(getattr(datamodule, "skip_bad_images", False))
         dataset = ImageDataset(index.subset(picks), eval_transform(size, crop_ratio), skip)
         loader = DataLoader(dataset, batch_size=32, collate_fn=collate_skipping_none if skip else None)
-        self._batches = calibrate.good_batches(loader)
+        self._batches = fit_calibration.good_batches(loader)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         batch = next(self._batches, None)
@@ -129,7 +129,7 @@ def measure(
     float_session, int8_session = _session(float_path), _session(int8_path)
     result: dict = {"latency_ms": latency({"float": float_session, "int8": int8_session}, size)}
     try:
-        loader = calibrate.validation_loader(datamodule, size, crop_ratio)
+        loader = fit_calibration.validation_loader(datamodule, size, crop_ratio)
     except ValueError as e:
         return {
             **result,
@@ -139,7 +139,7 @@ def measure(
             "measured": str(e),
         }
     float_logits, int8_logits, labels = [], [], []
-    for images, targets in calibrate.good_batches(loader):
+    for images, targets in fit_calibration.good_batches(loader):
         batch = images.numpy()
         float_logits.append(float_session.run(["logits"], {"images": batch})[0])
         int8_logits.append(int8_session.run(["logits"], {"images": batch})[0])
@@ -158,11 +158,11 @@ def measure(
     if not multilabel and meta.get("unknown_quantiles") is not None:
         accept = meta.get("unknown_accept")
         logits, labels = torch.from_numpy(q), torch.from_numpy(y)
-        temperature = calibrate.fit_temperature(logits, labels)
-        if temperature >= calibrate.MAX_TEMPERATURE:  # refused as for the float model (project.calibrate)
-            result |= calibrate.skipped(calibrate.flattening(logits, labels))
+        temperature = fit_calibration.fit_temperature(logits, labels)
+        if temperature >= fit_calibration.MAX_TEMPERATURE:  # refused as for the float model
+            result |= fit_calibration.skipped(fit_calibration.flattening(logits, labels))
         else:
-            result |= calibrate.calibrate(logits, labels, accept, meta["unknown_score"], temperature)
+            result |= fit_calibration.calibrate(logits, labels, accept, meta["unknown_score"], temperature)
     return result
 
 

@@ -1,0 +1,247 @@
+"""Export a checkpoint to every target (ONNX, .pt2), verified before it is kept, with a JSON sidecar.
+
+Each file takes a uint8 RGB batch [N, 3, H, W] at the trained size (preprocessing is baked in) and
+returns logits. The steps: read the checkpoint (`read`), write each target under a temporary name
+next to it and verify it against the PyTorch model in eval mode (`write_verified`), describe the
+export in the sidecar (`describe`, plus the calibration), rename everything into place, and
+repoint the `latest.*` links atomically (`publish`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import project
+from project.atomic import atomic_files, atomic_symlink
+from project.checkpoint_io import load_checkpoint_file
+from project.errors import UserError
+from project.export.deployable import Deployable, export_program, load_for_export
+from project.export.fit_calibration import calibrate_export
+from project.export.fit_calibration import skipped as calibration_skipped
+from project.export.options import ExportOptions
+from project.export.targets import TARGETS, Source, Target
+from project.export.verify import ExportError, verification_batches, verify
+from project.model import ImageClassifier
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What an export wrote: a file per target (by name), the sidecar, and what the sidecar holds."""
+
+    files: dict[str, Path]
+    sidecar: Path
+    metadata: dict
+
+    @property
+    def onnx(self) -> Path:
+        return self.files["onnx"]
+
+    @property
+    def pt2(self) -> Path:
+        return self.files["pt2"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint read for export.
+
+    Args:
+        path: The checkpoint file (resolved).
+        contents: What torch.load read from it.
+        model: Its classifier, weights loaded, eval mode, CPU.
+    """
+
+    path: Path
+    contents: dict
+    model: ImageClassifier
+
+    @property
+    def size(self) -> int:
+        return self.model.image_size or 224
+
+    @property
+    def crop_ratio(self) -> float:
+        return self.contents.get("datamodule_hyper_parameters", {}).get("crop_ratio", 0.875)
+
+    @property
+    def run(self) -> str:
+        return self.path.parent.name
+
+    def monitored(self) -> tuple[str, float | None]:
+        """The metric its ModelCheckpoint monitored and the checkpoint's score (None when unknown)."""
+        for key, state in self.contents.get("callbacks", {}).items():
+            if key.startswith("ModelCheckpoint") and state.get("current_score") is not None:
+                return state["monitor"], float(state["current_score"])
+        return "val/acc", None
+
+
+def export_checkpoint(
+    ckpt_path: str | Path,
+    images: Sequence[Path] = (),
+    output_dir: str | Path | None = None,
+    datamodule: object = None,
+    **options: Any,
+) -> Exported:
+    """Export `ckpt_path` next to it (or into `output_dir`); verify on random and real images.
+
+    `options` are the fields of ExportOptions (checked there). With `datamodule` (its validation
+    images on disk) the sidecar also gets a temperature and an unknown threshold accepting the share
+    `unknown_accept` (0 or None: off) of validation images (`project.export.fit_calibration`);
+    `quantize="int8"` also writes `<stem>-int8.onnx` (`project.export.quantize`).
+    """
+    settings = ExportOptions(**options)
+    checkpoint = read(ckpt_path)
+    final = final_paths(checkpoint, output_dir)
+    deployable = Deployable(checkpoint.model).eval()
+    source = Source(deployable, export_program(deployable, checkpoint.size), checkpoint.size, settings.opset)
+    batches = verification_batches(checkpoint.size, checkpoint.crop_ratio, images)
+    # renamed into place together once verified, in this order: the sidecar appears last
+    with atomic_files(*final.values()) as partials:
+        partial = dict(zip(final, partials, strict=True))
+        exporters, verification = write_verified(source, partial, batches)
+        metadata = describe(checkpoint, settings.opset, verification)
+        metadata.update(exporters)
+        metadata.update(
+            calibrate_export(
+                deployable,
+                datamodule,
+                checkpoint.size,
+                checkpoint.crop_ratio,
+                checkpoint.model.multilabel,
+                settings.unknown_accept,
+                settings.unknown_score,
+            )
+            if settings.calibrate
+            else calibration_skipped("turned off (calibrate=false)")
+        )
+        metadata["files"] = {name: final[name].name for name in TARGETS}
+        partial["json"].write_text(json.dumps(metadata, indent=2) + "\n")
+    publish(final)
+    if settings.quantize == "int8":
+        from project.export.quantize import quantize_export
+
+        quantize_export(final["onnx"], datamodule)
+    files = {name: final[name] for name in TARGETS}
+    return Exported(files, final["json"], metadata)
+
+
+def read(ckpt_path: str | Path) -> Checkpoint:
+    """The checkpoint at `ckpt_path` with its model; UserError when there is no such file."""
+    path = Path(ckpt_path).resolve()
+    if not path.is_file():
+        raise UserError(f"Checkpoint '{path}' does not exist.", "pass --ckpt_path PATH to a .ckpt file.")
+    contents = load_checkpoint_file(path)
+    return Checkpoint(path, contents, load_for_export(contents))
+
+
+def final_paths(checkpoint: Checkpoint, output_dir: str | Path | None) -> dict[str, Path]:
+    """Where each target's file and the sidecar (`json`, last) go: `<run>-<metric>=<score>-<time>.<name>`."""
+    monitor, score = checkpoint.monitored()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    metric = f"-{monitor.replace('/', '_')}={score:.4f}" if score is not None else ""
+    out = Path(output_dir) if output_dir is not None else checkpoint.path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{checkpoint.run}{metric}-{stamp}"
+    return {name: out / f"{stem}.{name}" for name in (*TARGETS, "json")}
+
+
+def write_verified(
+    source: Source, paths: dict[str, Path], batches: dict[str, torch.Tensor]
+) -> tuple[dict[str, str], dict]:
+    """Write each target at `paths[name]`, verified; returns the exporters used and the verification."""
+    exporters: dict[str, str] = {}
+    results: dict[str, dict] = {}
+    report: dict = {}
+    for target in TARGETS.values():
+        writer, report = _write_one(target, source, paths[target.name], batches)
+        results.update(report["results"])
+        if len(target.writers) > 1:  # which of them wrote it: worth knowing only where there was a choice
+            exporters[f"{target.name}_exporter"] = writer
+    return exporters, {**report, "results": results}
+
+
+def _write_one(
+    target: Target, source: Source, path: Path, batches: dict[str, torch.Tensor]
+) -> tuple[str, dict]:
+    """The first of `target`'s writers whose file passes verification, and its report; else ExportError."""
+    names = list(target.writers)
+    for name in names:
+        if not target.writers[name](source, path):
+            continue  # cannot write this model: the next writer
+        try:
+            return name, verify(source.model, {target.name: path}, batches)
+        except ExportError:
+            if name == names[-1]:
+                raise
+    raise ExportError(f"No exporter could write the {target.name} file.", "try another --opset.")
+
+
+def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
+    """The sidecar's description of the export: the model's interface, preprocessing, origin and versions."""
+    import onnx
+    import onnxruntime
+
+    model, size, crop_ratio = checkpoint.model, checkpoint.size, checkpoint.crop_ratio
+    hp = checkpoint.contents["hyper_parameters"]
+    monitor, score = checkpoint.monitored()
+    multilabel = model.multilabel
+    return {
+        "class_names": model.label_names,
+        "image_size": size,
+        "task": model.task,
+        **({"threshold": model.threshold} if multilabel else {}),
+        "input": {"name": "images", "shape": ["N", 3, size, size], "dtype": "uint8", "layout": "NCHW, RGB"},
+        "output": {
+            "name": "logits",
+            "shape": ["N", hp["num_classes"]],
+            "meaning": "logits (a sigmoid per label for probabilities)"
+            if multilabel
+            else "logits (softmax for probabilities)",
+        },
+        "preprocessing": {
+            "resize": f"short side to round(image_size / crop_ratio) = {round(size / crop_ratio)}, "
+            "bilinear, antialiased",
+            "crop": f"centre crop {size}x{size}",
+            "crop_ratio": crop_ratio,
+            "normalization": {"mean": list(hp["mean"]), "std": list(hp["std"]), "baked_in": True},
+        },
+        "source_checkpoint": {"path": str(checkpoint.path), "sha256": _sha256(checkpoint.path)},
+        "metrics": {
+            monitor: score,
+            "epoch": checkpoint.contents.get("epoch"),
+            "global_step": checkpoint.contents.get("global_step"),
+        },
+        "backbone": hp["backbone"],
+        "run": checkpoint.run,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": {
+            "project": project.__version__,
+            "torch": torch.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
+        "opset": opset,
+        "verification": verification,
+    }
+
+
+def publish(final: dict[str, Path]) -> None:
+    """Repoint each `latest.<name>` link at the new file, the sidecar's last."""
+    for name, path in final.items():
+        atomic_symlink(path.with_name(f"latest.{name}"), path.name)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
