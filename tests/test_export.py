@@ -65,6 +65,15 @@ def test_fit_hook_exports_the_best_checkpoint(trained: Path) -> None:
         assert target.startswith("x-val_acc=") and target.endswith(f".{fmt}") and (folder / target).is_file()
 
 
+def test_the_sidecar_is_versioned_and_reads_back_whole(trained: Path) -> None:
+    from project.deploy.sidecar import VERSION, Sidecar
+
+    path = run_dir(trained) / "latest.json"
+    written = json.loads(path.read_text())
+    assert written["version"] == VERSION == 1
+    assert Sidecar.load(path).to_dict() == written
+
+
 def test_the_torchscript_exporter_goes_first_and_torch_export_stands_in_for_it(
     trained: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

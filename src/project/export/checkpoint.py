@@ -10,7 +10,6 @@ repoint the `latest.*` links atomically (`publish`).
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import torch
 import project
 from project.atomic import atomic_files, atomic_symlink
 from project.checkpoint_io import load_checkpoint_file
+from project.deploy.sidecar import VERSION, Sidecar
 from project.errors import UserError
 from project.export.deployable import Deployable, export_program, load_for_export
 from project.export.fit_calibration import calibrate_export
@@ -107,7 +107,7 @@ def export_checkpoint(
     with atomic_files(*final.values()) as partials:
         partial = dict(zip(final, partials, strict=True))
         exporters, verification = write_verified(source, partial, batches)
-        metadata = describe(checkpoint, settings.opset, verification)
+        metadata = {"version": VERSION, **describe(checkpoint, settings.opset, verification)}
         metadata.update(exporters)
         metadata.update(
             calibrate_export(
@@ -123,14 +123,16 @@ def export_checkpoint(
             else calibration_skipped("turned off (calibrate=false)")
         )
         metadata["files"] = {name: final[name].name for name in TARGETS}
-        partial["json"].write_text(json.dumps(metadata, indent=2) + "\n")
+        # checked as every reader checks it: a value no reader would take fails here, not there
+        sidecar = Sidecar.from_dict(metadata, final["json"])
+        partial["json"].write_text(sidecar.to_json())
     publish(final)
     if settings.quantize == "int8":
         from project.export.quantize import quantize_export
 
         quantize_export(final["onnx"], datamodule)
     files = {name: final[name] for name in TARGETS}
-    return Exported(files, final["json"], metadata)
+    return Exported(files, final["json"], sidecar.to_dict())
 
 
 def read(ckpt_path: str | Path) -> Checkpoint:

@@ -36,8 +36,7 @@ def load_model(model: Path, threads: int | None = None, unknown_accept: float | 
             "pass --model PATH to an .onnx written by `python -m project export`, or point the link at one.",
         )
     classifier = Classifier(resolved, threads, unknown_accept)
-    files = classifier.meta.get("files")
-    named = files.get("onnx") if isinstance(files, dict) else None
+    named = classifier.sidecar.files.get("onnx")
     if named is not None and named != resolved.name:
         raise UserError(
             f"Sidecar '{resolved.with_suffix('.json')}' describes '{named}', not '{resolved.name}'.",
