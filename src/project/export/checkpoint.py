@@ -3,7 +3,7 @@
 Each file takes a uint8 RGB batch [N, 3, H, W] at the trained size (preprocessing is baked in) and
 returns logits. The steps: read the checkpoint (`read`), write each target under a temporary name
 next to it and verify it against the PyTorch model in eval mode (`write_verified`), describe the
-export in the sidecar (`describe`, plus the calibration), rename everything into place, and
+export in the sidecar (`describe`, `calibration`), rename everything into place, and
 repoint the `latest.*` links atomically (`publish`).
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 import project
 from project.atomic import atomic_files, atomic_symlink
@@ -107,21 +108,8 @@ def export_checkpoint(
     with atomic_files(*final.values()) as partials:
         partial = dict(zip(final, partials, strict=True))
         exporters, verification = write_verified(source, partial, batches)
-        metadata = {"version": VERSION, **describe(checkpoint, settings.opset, verification)}
-        metadata.update(exporters)
-        metadata.update(
-            calibrate_export(
-                deployable,
-                datamodule,
-                checkpoint.size,
-                checkpoint.crop_ratio,
-                checkpoint.model.multilabel,
-                settings.unknown_accept,
-                settings.unknown_score,
-            )
-            if settings.calibrate
-            else calibration_skipped("turned off (calibrate=false)")
-        )
+        metadata = describe(checkpoint, settings.opset, verification) | exporters
+        metadata |= calibration(checkpoint, deployable, datamodule, settings)
         metadata["files"] = {name: final[name].name for name in TARGETS}
         # checked as every reader checks it: a value no reader would take fails here, not there
         sidecar = Sidecar.from_dict(metadata, final["json"])
@@ -164,6 +152,7 @@ def write_verified(
     report: dict = {}
     for target in TARGETS.values():
         writer, report = _write_one(target, source, paths[target.name], batches)
+        source.files[target.name] = paths[target.name]
         results.update(report["results"])
         if len(target.writers) > 1:  # which of them wrote it: worth knowing only where there was a choice
             exporters[f"{target.name}_exporter"] = writer
@@ -186,6 +175,23 @@ def _write_one(
     raise ExportError(f"No exporter could write the {target.name} file.", "try another --opset.")
 
 
+def calibration(
+    checkpoint: Checkpoint, model: nn.Module, datamodule: object, settings: ExportOptions
+) -> dict:
+    """The sidecar's calibration keys: fitted on `datamodule`'s validation images, or why not."""
+    if not settings.calibrate:
+        return calibration_skipped("turned off (calibrate=false)")
+    return calibrate_export(
+        model,
+        datamodule,
+        checkpoint.size,
+        checkpoint.crop_ratio,
+        checkpoint.model.multilabel,
+        settings.unknown_accept,
+        settings.unknown_score,
+    )
+
+
 def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
     """The sidecar's description of the export: the model's interface, preprocessing, origin and versions."""
     import onnx
@@ -196,6 +202,7 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
     monitor, score = checkpoint.monitored()
     multilabel = model.multilabel
     return {
+        "version": VERSION,
         "class_names": model.label_names,
         "image_size": size,
         "task": model.task,

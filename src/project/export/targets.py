@@ -9,7 +9,7 @@ row here (docs/new-task.md, "an export target").
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +31,15 @@ class Source:
         program: `model` through torch.export, dynamic batch.
         size: The image size the model takes.
         opset: The ONNX opset asked for.
+        files: The verified files of the targets written before, by name (in TARGETS' order), for a
+            target converted from another's file.
     """
 
     model: nn.Module
     program: torch.export.ExportedProgram
     size: int
     opset: int
+    files: dict[str, Path] = field(default_factory=dict)
 
 
 # write(source, path): False where this writer cannot write the model (the next one is tried)
