@@ -328,3 +328,70 @@ def test_the_export_command_and_the_end_of_fit_export_take_the_same_options() ->
     assert {f.name for f in fields(ExportOptions)} == set(vars(callback.parse_args([]))) - {"enabled"}
     with pytest.raises(UserError, match=r"unknown_accept=1.5 is not a share from 0 to 1"):
         ExportBest(unknown_accept=1.5)  # refused when fit starts, not when it ends
+
+
+def test_each_optional_target_is_a_format_value() -> None:
+    from typing import get_args
+
+    from project.export import TARGETS
+    from project.export.options import Format
+
+    assert set(get_args(Format)) == {"onnx"} | {t.name for t in TARGETS.values() if t.optional}
+
+
+def test_format_openvino_writes_a_verified_ir_beside_the_onnx(
+    trained: Path, shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("openvino")
+    from project.deploy.openvino_runtime import OpenVINOSession
+
+    monkeypatch.chdir(trained)
+    args = [f"--ckpt_path={run_dir(trained) / 'last.ckpt'}", f"--data.root={shapes_root}"]
+    args += ["--data.num_workers=0", f"--output_dir={tmp_path}", "--calibrate=false"]
+    assert run_cli("export", *args, "--format=openvino") == 0
+    meta = json.loads((tmp_path / "latest.json").read_text())
+    stem = Path(meta["files"]["onnx"]).stem
+    assert meta["files"]["openvino"] == f"{stem}.xml" and "openvino" in meta["versions"]
+    for ext in ("xml", "bin"):  # beside the ONNX file, each with its latest link
+        assert os.readlink(tmp_path / f"latest.{ext}") == f"{stem}.{ext}"
+    # float32 weights, as verified (save_model's default would halve them to float16)
+    assert (tmp_path / f"{stem}.bin").stat().st_size > 0.9 * (tmp_path / f"{stem}.onnx").stat().st_size
+    results = meta["verification"]["results"]
+    assert set(results) == {"onnxruntime", "pt2", "openvino"}
+    assert set(results["openvino"]) == {"random-1", "random-7", "real-1", "real-7"}
+    assert all(r["max_abs_diff"] <= r["bound"] and r["top1_equal"] for r in results["openvino"].values())
+    images = np.random.default_rng(3).integers(0, 256, (5, 3, 32, 32), dtype=np.uint8)
+    by_ir = OpenVINOSession(tmp_path / "latest.xml").run(["logits"], {"images": images})[0]
+    session = ort.InferenceSession(str(tmp_path / "latest.onnx"), providers=["CPUExecutionProvider"])
+    by_onnx = session.run(["logits"], {"images": images})[0]
+    assert by_ir.shape == (5, 6)
+    assert np.abs(by_ir - by_onnx).max() <= export.ATOL + export.RTOL * np.abs(by_onnx).max()
+
+
+def test_an_ir_that_disagrees_with_pytorch_fails_verification(trained: Path, tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    from project.export import openvino_target
+
+    folder = run_dir(trained)
+    bad = tampered_copy(folder / "latest.onnx", tmp_path / "bad.onnx")
+    openvino_target.write_ir(bad, tmp_path / "bad.xml", tmp_path / "bad.bin")
+    checkpoint = torch.load(folder / "last.ckpt", map_location="cpu", weights_only=True)
+    model = export.Deployable(export.load_for_export(checkpoint)).eval()
+    batches = verification_batches(32, 0.875, [])
+    with pytest.raises(ExportError, match=r"verification failed \(openvino on random-1: max \|logit diff\|"):
+        verify(model, {"openvino": tmp_path / "bad.xml"}, batches)
+
+
+def test_format_openvino_without_openvino_is_one_message_and_writes_nothing(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    monkeypatch.chdir(trained)
+    args = [f"--ckpt_path={run_dir(trained) / 'last.ckpt'}", f"--output_dir={tmp_path / 'out'}"]
+    assert run_cli("export", *args, "--format=openvino") == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: `export --format openvino` needs the `openvino` package, which is not installed. "
+        "Fix: install it with `pip install openvino` (in a clone of this project: "
+        "`pip install -e '.[openvino]'`)."
+    ]
+    assert not (tmp_path / "out").exists()

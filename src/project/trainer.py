@@ -143,7 +143,9 @@ class Trainer(L.Trainer):
         result = export_checkpoint(
             ckpt_path, images=images, output_dir=output_dir, datamodule=datamodule, **options
         )
-        print(f"Exported {result.onnx}\n         {result.pt2}\n         {result.sidecar}")
+        print(
+            "Exported " + "\n         ".join(str(path) for path in [*result.files.values(), result.sidecar])
+        )
 
 
 @contextmanager

@@ -1,8 +1,9 @@
-"""Classify image files with an exported ONNX model: onnxruntime, numpy and Pillow only.
+"""Classify image files with an exported model: onnxruntime (or OpenVINO), numpy and Pillow only.
 
     python -m project infer --model checkpoints/<run>/latest.onnx [--top_k 5] [--output CSV] FILE_OR_DIR...
                             [--unknown_accept SHARE]
 
+`--model` is the .onnx, or the OpenVINO IR (.xml) that `export --format openvino` writes beside it.
 The sidecar JSON next to the model gives the class names and the image size; files are decoded
 by training's rule (`project.data.decode`), the resize and centre crop match validation
 (torchvision's Resize + CenterCrop), and the model itself normalizes. A file that cannot be
@@ -30,6 +31,7 @@ from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and
 from project.data.index import list_images  # numpy only: keeps this module free of torch
 from project.deploy import prediction_csv
 from project.deploy.calibration import UNKNOWN
+from project.deploy.openvino_runtime import OpenVINOSession, is_openvino
 from project.deploy.sidecar import Sidecar
 from project.errors import UserError, user_message
 from project.terminal import printable
@@ -59,14 +61,12 @@ class Classifier:
     def __init__(
         self, model: str | Path, threads: int | None = None, unknown_accept: float | None = None
     ) -> None:
-        import onnxruntime as ort
-
         model = Path(model)
         sidecar = model.with_suffix(".json")
         if not model.is_file() or not sidecar.is_file():
             raise UserError(
                 f"Need the model and its sidecar: '{model}' and '{sidecar}'.",
-                "pass an .onnx written by `python -m project export`.",
+                "pass an .onnx (or an OpenVINO .xml) written by `python -m project export`.",
             )
         self.sidecar = Sidecar.load(sidecar)  # every value below is checked there
         self.class_names = list(self.sidecar.class_names)
@@ -75,16 +75,7 @@ class Classifier:
         self.size = self.sidecar.image_size
         self.resize_to = self.sidecar.resize_to
         self.calibration = self.sidecar.calibration(unknown_accept)
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
-        try:
-            self.session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-        except Exception as e:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...)
-            raise UserError(
-                f"onnxruntime cannot load '{model}': {e}.",
-                "export the checkpoint again with `python -m project export`.",
-            ) from None
+        self.session = open_session(model, threads)
         self._check_fits(model, sidecar)
 
     def _check_fits(self, model: Path, sidecar: Path) -> None:
@@ -192,6 +183,24 @@ class Classifier:
                 yield Answer(path, *self.top(p, top_k), bool(unknown[i]), score)
 
 
+def open_session(model: Path, threads: int | None = None) -> object:
+    """An inference session for `model`: OpenVINO for an .xml IR, else onnxruntime; both answer `run`."""
+    if is_openvino(model):
+        return OpenVINOSession(model, threads)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...)
+        raise UserError(
+            f"onnxruntime cannot load '{model}': {e}.",
+            "export the checkpoint again with `python -m project export`.",
+        ) from None
+
+
 def image_files(inputs: Sequence[str]) -> list[Path]:
     """Files as given; folders searched recursively for images (the same rules as training)."""
     files: list[Path] = []
@@ -203,7 +212,9 @@ def image_files(inputs: Sequence[str]) -> list[Path]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m project infer", description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+", help="image files or folders (searched recursively)")
-    parser.add_argument("--model", required=True, help="exported .onnx file (its .json sidecar beside it)")
+    parser.add_argument(
+        "--model", required=True, help="exported .onnx or OpenVINO .xml file (its .json sidecar beside it)"
+    )
     parser.add_argument(
         "--top_k",
         type=int,
@@ -211,7 +222,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="classes listed per image, 1 or more (at most the model's classes)",
     )
     parser.add_argument("--output", help="write a CSV here instead of printing")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="inference threads (onnxruntime or OpenVINO)"
+    )
     parser.add_argument(
         "--unknown_accept",
         type=float,

@@ -1,4 +1,4 @@
-"""Export a checkpoint to every target (ONNX, .pt2), verified before it is kept, with a JSON sidecar.
+"""Export a checkpoint to its targets (ONNX, .pt2, OpenVINO), verified before it is kept, with a JSON sidecar.
 
 Each file takes a uint8 RGB batch [N, 3, H, W] at the trained size (preprocessing is baked in) and
 returns logits. The steps: read the checkpoint (`read`), write each target under a temporary name
@@ -28,18 +28,23 @@ from project.export.deployable import Deployable, export_program, load_for_expor
 from project.export.fit_calibration import calibrate_export
 from project.export.fit_calibration import skipped as calibration_skipped
 from project.export.options import ExportOptions
-from project.export.targets import TARGETS, Source, Target
-from project.export.verify import ExportError, verification_batches, verify
+from project.export.targets import Files, Source, Target, chosen
+from project.export.verify import ExportError, compare, load, verification_batches
 from project.model import ImageClassifier
 
 
 @dataclass(frozen=True)
 class Exported:
-    """What an export wrote: a file per target (by name), the sidecar, and what the sidecar holds."""
+    """What an export wrote: each target's main file (by name), the sidecar, and what the sidecar holds."""
 
     files: dict[str, Path]
     sidecar: Path
     metadata: dict
+
+    @property
+    def openvino(self) -> Path | None:
+        """The IR's .xml, with `--format openvino`."""
+        return self.files.get("openvino")
 
     @property
     def onnx(self) -> Path:
@@ -96,21 +101,27 @@ def export_checkpoint(
     `options` are the fields of ExportOptions (checked there). With `datamodule` (its validation
     images on disk) the sidecar also gets a temperature and an unknown threshold accepting the share
     `unknown_accept` (0 or None: off) of validation images (`project.export.fit_calibration`);
-    `quantize="int8"` also writes `<stem>-int8.onnx` (`project.export.quantize`).
+    `quantize="int8"` also writes `<stem>-int8.onnx` (`project.export.quantize`); `format="openvino"`
+    also writes the IR `<stem>.xml` + `.bin` (`project.export.openvino_target`).
     """
     settings = ExportOptions(**options)
+    targets = chosen(settings.format)
+    for target in targets:
+        if target.require is not None:
+            target.require()  # before any work: a missing package is one message
     checkpoint = read(ckpt_path)
-    final = final_paths(checkpoint, output_dir)
+    final = final_paths(checkpoint, output_dir, targets)
     deployable = Deployable(checkpoint.model).eval()
     source = Source(deployable, export_program(deployable, checkpoint.size), checkpoint.size, settings.opset)
     batches = verification_batches(checkpoint.size, checkpoint.crop_ratio, images)
     # renamed into place together once verified, in this order: the sidecar appears last
     with atomic_files(*final.values()) as partials:
         partial = dict(zip(final, partials, strict=True))
-        exporters, verification = write_verified(source, partial, batches)
+        exporters, verification = write_verified(source, partial, batches, targets)
         metadata = describe(checkpoint, settings.opset, verification) | exporters
+        metadata["versions"] |= {t.name: t.version() for t in targets if t.version is not None}
         metadata |= calibration(checkpoint, deployable, datamodule, settings)
-        metadata["files"] = {name: final[name].name for name in TARGETS}
+        metadata["files"] = {target.name: final[target.main].name for target in targets}
         # checked as every reader checks it: a value no reader would take fails here, not there
         sidecar = Sidecar.from_dict(metadata, final["json"])
         partial["json"].write_text(sidecar.to_json())
@@ -119,7 +130,7 @@ def export_checkpoint(
         from project.export.quantize import quantize_export
 
         quantize_export(final["onnx"], datamodule)
-    files = {name: final[name] for name in TARGETS}
+    files = {target.name: final[target.main] for target in targets}
     return Exported(files, final["json"], sidecar.to_dict())
 
 
@@ -132,27 +143,33 @@ def read(ckpt_path: str | Path) -> Checkpoint:
     return Checkpoint(path, contents, load_for_export(contents))
 
 
-def final_paths(checkpoint: Checkpoint, output_dir: str | Path | None) -> dict[str, Path]:
-    """Where each target's file and the sidecar (`json`, last) go: `<run>-<metric>=<score>-<time>.<name>`."""
+def final_paths(
+    checkpoint: Checkpoint, output_dir: str | Path | None, targets: list[Target]
+) -> dict[str, Path]:
+    """Where the targets' files and the sidecar (`json`, last) go, by suffix:
+    `<run>-<metric>=<score>-<time>.<suffix>`."""
     monitor, score = checkpoint.monitored()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     metric = f"-{monitor.replace('/', '_')}={score:.4f}" if score is not None else ""
     out = Path(output_dir) if output_dir is not None else checkpoint.path.parent
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{checkpoint.run}{metric}-{stamp}"
-    return {name: out / f"{stem}.{name}" for name in (*TARGETS, "json")}
+    suffixes = [suffix for target in targets for suffix in target.files]
+    return {suffix: out / f"{stem}.{suffix}" for suffix in (*suffixes, "json")}
 
 
 def write_verified(
-    source: Source, paths: dict[str, Path], batches: dict[str, torch.Tensor]
+    source: Source, paths: dict[str, Path], batches: dict[str, torch.Tensor], targets: list[Target]
 ) -> tuple[dict[str, str], dict]:
-    """Write each target at `paths[name]`, verified; returns the exporters used and the verification."""
+    """Write each target's files at `paths` (by suffix), verified; returns the exporters used and the
+    verification."""
     exporters: dict[str, str] = {}
     results: dict[str, dict] = {}
     report: dict = {}
-    for target in TARGETS.values():
-        writer, report = _write_one(target, source, paths[target.name], batches)
-        source.files[target.name] = paths[target.name]
+    for target in targets:
+        files = {suffix: paths[suffix] for suffix in target.files}
+        writer, report = _write_one(target, source, files, batches)
+        source.files[target.name] = files[target.main]
         results.update(report["results"])
         if len(target.writers) > 1:  # which of them wrote it: worth knowing only where there was a choice
             exporters[f"{target.name}_exporter"] = writer
@@ -160,15 +177,15 @@ def write_verified(
 
 
 def _write_one(
-    target: Target, source: Source, path: Path, batches: dict[str, torch.Tensor]
+    target: Target, source: Source, files: Files, batches: dict[str, torch.Tensor]
 ) -> tuple[str, dict]:
-    """The first of `target`'s writers whose file passes verification, and its report; else ExportError."""
+    """The first of `target`'s writers whose files pass verification, and its report; else ExportError."""
     names = list(target.writers)
     for name in names:
-        if not target.writers[name](source, path):
+        if not target.writers[name](source, files):
             continue  # cannot write this model: the next writer
         try:
-            return name, verify(source.model, {target.name: path}, batches)
+            return name, compare(source.model, {target.name: load(target.name, files)}, batches)
         except ExportError:
             if name == names[-1]:
                 raise
@@ -243,9 +260,9 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
 
 
 def publish(final: dict[str, Path]) -> None:
-    """Repoint each `latest.<name>` link at the new file, the sidecar's last."""
-    for name, path in final.items():
-        atomic_symlink(path.with_name(f"latest.{name}"), path.name)
+    """Repoint each `latest.<suffix>` link at the new file, the sidecar's last."""
+    for suffix, path in final.items():
+        atomic_symlink(path.with_name(f"latest.{suffix}"), path.name)
 
 
 def _sha256(path: Path) -> str:

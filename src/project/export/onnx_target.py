@@ -13,10 +13,10 @@ from torch import nn
 from project.export.deployable import dynamic_batch, example_batch
 
 if TYPE_CHECKING:
-    from project.export.targets import Runner, Source
+    from project.export.targets import Files, Runner, Source
 
 
-def torchscript(source: Source, path: Path) -> bool:
+def torchscript(source: Source, files: Files) -> bool:
     """The TorchScript exporter, tried first.
 
     It writes the file in 0.3-0.4 s where the torch.export-based one takes 2.9-8.2 s, most of it
@@ -25,12 +25,12 @@ def torchscript(source: Source, path: Path) -> bool:
     batch 1: 16% slower). It is deprecated in torch, so any failure of it, or a file that fails
     verification, falls back to `torch_export`.
     """
-    return write_torchscript(source.model, source.size, path, source.opset)
+    return write_torchscript(source.model, source.size, files["onnx"], source.opset)
 
 
-def torch_export(source: Source, path: Path) -> bool:
+def torch_export(source: Source, files: Files) -> bool:
     """The torch.export-based exporter, starting from the program the .pt2 holds."""
-    write_torch_export(source.program, source.size, path, source.opset)
+    write_torch_export(source.program, source.size, files["onnx"], source.opset)
     return True
 
 
@@ -71,11 +71,11 @@ def write_torch_export(program: torch.export.ExportedProgram, size: int, path: P
     )
 
 
-def load(path: Path) -> Runner:
-    """An onnxruntime session (CPU) on `path`, as infer and serve run it."""
+def load(files: Files) -> Runner:
+    """An onnxruntime session (CPU) on the file, as infer and serve run it."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(files["onnx"]), providers=["CPUExecutionProvider"])
 
     def run(images: np.ndarray) -> np.ndarray:
         return session.run(["logits"], {"images": images})[0]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from project.deploy.calibration import DEFAULT_ACCEPT, SCORES
 from project.errors import UserError
+
+# --format: ONNX (+ .pt2), or also an optional target (project.export.targets) beside them
+Format = Literal["onnx", "openvino"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class ExportOptions:
             the float model.
         calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
             `unknown`).
+        format: `openvino`: also write an OpenVINO IR (`<name>.xml` + `.bin`) from the ONNX
+            file, verified against PyTorch the same way (needs `pip install openvino`).
     """
 
     opset: int = 18
@@ -32,6 +37,7 @@ class ExportOptions:
     unknown_score: Literal["energy", "max_probability"] = "energy"
     quantize: Literal["int8"] | None = None
     calibrate: bool = True
+    format: Format = "onnx"
 
     def __post_init__(self) -> None:
         if self.unknown_accept is not None and not 0 <= self.unknown_accept <= 1:
@@ -44,6 +50,11 @@ class ExportOptions:
             raise UserError(
                 f"unknown_score={self.unknown_score!r} is not a known score.",
                 f"pass one of {', '.join(SCORES)}.",
+            )
+        if self.format not in get_args(Format):
+            raise UserError(
+                f"format={self.format!r} is not an export target.",
+                f"pass --format {' or '.join(get_args(Format))}.",
             )
         if self.quantize not in (None, "int8"):
             raise UserError(

@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from project.export.targets import Runner, Source
+    from project.export.targets import Files, Runner, Source
 
 
-def write(source: Source, path: Path) -> bool:
-    with open(path, "wb") as f:
+def write(source: Source, files: Files) -> bool:
+    with open(files["pt2"], "wb") as f:
         torch.export.save(source.program, f)
     return True
 
 
-def load(path: Path) -> Runner:
-    """The program reloaded from `path`, as a user of the .pt2 would load it."""
-    with open(path, "rb") as f:
+def load(files: Files) -> Runner:
+    """The program reloaded from the file, as a user of the .pt2 would load it."""
+    with open(files["pt2"], "rb") as f:
         module = torch.export.load(f).module()
 
     def run(images: np.ndarray) -> np.ndarray:

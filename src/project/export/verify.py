@@ -13,7 +13,7 @@ from project.data.decode import BadImageError, load_rgb
 from project.data.shapes import CLASSES, draw_shape
 from project.data.transforms import eval_transform
 from project.errors import UserError
-from project.export.targets import TARGETS
+from project.export.targets import TARGETS, Runner
 
 # The max |logit difference| accepted between an exported and the PyTorch model, per batch:
 # ATOL + RTOL * max |logit|. float32 rounding grows with the logits' scale: a resnet18 whose
@@ -62,22 +62,35 @@ def verification_batches(size: int, crop_ratio: float, images: Sequence[Path]) -
 
 
 def verify(model: nn.Module, files: Mapping[str, Path], batches: dict[str, torch.Tensor]) -> dict:
-    """Run each file (target name -> path) by its target's runtime and compare with `model`.
+    """Run exported files (target name -> its main file, any others beside it under the same stem)
+    by their targets' runtimes and compare with `model`: `compare`'s report, or its ExportError."""
+    loaded = {}
+    for name, path in files.items():
+        target = TARGETS[name]
+        loaded[name] = {suffix: Path(path).with_suffix(f".{suffix}") for suffix in target.files}
+    return compare(model, {name: load(name, paths) for name, paths in loaded.items()}, batches)
 
-    Returns the report the sidecar keeps under `verification`; ExportError on any mismatch.
-    """
+
+def load(name: str, files: Mapping[str, Path]) -> Runner:
+    """Target `name`'s files, loaded to run; ExportError when they do not load."""
     try:
-        runners = {TARGETS[name].runtime: TARGETS[name].load(Path(path)) for name, path in files.items()}
+        return TARGETS[name].load(files)
     except Exception as e:  # each runtime raises its own types for an unreadable file
         raise ExportError(f"Export verification failed: an exported file does not load ({e}).") from None
+
+
+def compare(model: nn.Module, runners: Mapping[str, Runner], batches: dict[str, torch.Tensor]) -> dict:
+    """Each target's runner (by target name) against `model` on `batches`: the report the sidecar keeps
+    under `verification`; ExportError on any mismatch (the fix of the first target that failed)."""
     report: dict[str, dict] = {}
-    failures = []
+    failures, fixes = [], []
     for name, batch in batches.items():
         with torch.no_grad():
             expected = model(batch).numpy()
         scale = float(np.abs(expected).max())
         bound = ATOL + RTOL * scale
-        for runtime, run in runners.items():
+        for target, run in runners.items():
+            runtime = TARGETS[target].runtime
             logits = run(batch.numpy())
             diff = float(np.abs(logits - expected).max())
             same_top1 = bool((logits.argmax(1) == expected.argmax(1)).all())
@@ -88,6 +101,7 @@ def verify(model: nn.Module, files: Mapping[str, Path], batches: dict[str, torch
                 "top1_equal": same_top1,
             }
             if not (diff <= bound and same_top1):
+                fixes.append(TARGETS[target].fix)
                 failures.append(
                     f"{runtime} on {name}: max |logit diff| {diff:.2e} (bound {bound:.2e} for logits up "
                     f"to {scale:.3g}), top-1 equal: {same_top1}"
@@ -96,7 +110,7 @@ def verify(model: nn.Module, files: Mapping[str, Path], batches: dict[str, torch
         raise ExportError(
             f"Export verification failed ({'; '.join(failures)}; bound {ATOL:g} + {RTOL:g} x max |logit|); "
             "no file was kept.",
-            "check that the backbone exports cleanly (torch.export) or try another --opset.",
+            fixes[0],
         )
     tolerance = {"atol": ATOL, "rtol": RTOL, "rule": "max |diff| <= atol + rtol * max |logit|, per batch"}
     return {"passed": True, "tolerance": tolerance, "batches": list(batches), "results": report}
