@@ -30,8 +30,9 @@ import torch
 
 from project.deploy.infer import open_session
 from project.deploy.openvino_runtime import OpenVINOSession
-from project.export import Deployable, _write_onnx_torchscript
-from project.export_openvino import write_ir
+from project.export.deployable import Deployable
+from project.export.onnx_target import write_torchscript
+from project.export.openvino_target import write_ir
 from project.model import ImageClassifier
 
 CASES = [("mobilenet_v3_small", 64), ("resnet18", 224)]
@@ -90,7 +91,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             onnx_path = Path(tmp) / "model.onnx"
             xml = onnx_path.with_suffix(".xml")
-            assert _write_onnx_torchscript(model, size, onnx_path, opset=18)  # export's first choice
+            assert write_torchscript(model, size, onnx_path, opset=18)  # export's first choice
             write_ir(onnx_path, xml, xml.with_suffix(".bin"))
             sessions = {
                 "onnxruntime": open_session(onnx_path, args.threads),

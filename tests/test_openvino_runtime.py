@@ -24,7 +24,7 @@ pytest.importorskip("openvino")
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`m.onnx`; `m.xml` + `m.bin` converted from it as `export --format openvino` does; `m.json`."""
-    from project.export_openvino import write_ir
+    from project.export.openvino_target import write_ir
 
     folder = tmp_path_factory.mktemp("openvino")
     onnx_path = tiny_export(folder, "m", seed=0)

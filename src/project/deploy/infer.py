@@ -30,10 +30,9 @@ from project.atomic import atomic_files
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
 from project.data.index import list_images  # numpy only: keeps this module free of torch
 from project.deploy import prediction_csv
-from project.deploy import sidecar as sidecars
-from project.deploy.calibration import UNKNOWN, Calibration
+from project.deploy.calibration import UNKNOWN
 from project.deploy.openvino_runtime import OpenVINOSession, is_openvino
-from project.deploy.sidecar import sidecar_multilabel
+from project.deploy.sidecar import Sidecar
 from project.errors import UserError, user_message
 from project.terminal import printable
 
@@ -69,13 +68,13 @@ class Classifier:
                 f"Need the model and its sidecar: '{model}' and '{sidecar}'.",
                 "pass an .onnx (or an OpenVINO .xml) written by `python -m project export`.",
             )
-        self.meta = sidecars.load(sidecar)  # every value below is checked there
-        self.class_names = list(self.meta["class_names"])
-        self.task = "multilabel" if sidecar_multilabel(self.meta) else "multiclass"
-        self.threshold = float(self.meta.get("threshold", 0.5))
-        self.size = int(self.meta["image_size"])
-        self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
-        self.calibration = Calibration.from_sidecar(self.meta, unknown_accept)
+        self.sidecar = Sidecar.load(sidecar)  # every value below is checked there
+        self.class_names = list(self.sidecar.class_names)
+        self.task = self.sidecar.task
+        self.threshold = self.sidecar.threshold
+        self.size = self.sidecar.image_size
+        self.resize_to = self.sidecar.resize_to
+        self.calibration = self.sidecar.calibration(unknown_accept)
         self.session = open_session(model, threads)
         self._check_fits(model, sidecar)
 
@@ -104,7 +103,7 @@ class Classifier:
     @property
     def multilabel(self) -> bool:
         """Any number of labels per image (a sigmoid each), as the sidecar's `task` says; else one class."""
-        return sidecar_multilabel(self.meta)
+        return self.sidecar.multilabel
 
     def preprocess(self, image: str | Path | bytes | Image.Image) -> np.ndarray:
         """uint8 [3, size, size]: decoded as training decodes, short side resized, centre-cropped.

@@ -38,9 +38,8 @@ def load_model(model: Path, threads: int | None = None, unknown_accept: float | 
             "or point the link at one.",
         )
     classifier = Classifier(resolved, threads, unknown_accept)
-    files = classifier.meta.get("files")
     kind = "openvino" if is_openvino(resolved) else "onnx"  # the sidecar's `files` key for this file
-    named = files.get(kind) if isinstance(files, dict) else None
+    named = classifier.sidecar.files.get(kind)
     if named is not None and named != resolved.name:
         raise UserError(
             f"Sidecar '{resolved.with_suffix('.json')}' describes '{named}', not '{resolved.name}'.",
