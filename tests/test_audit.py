@@ -332,7 +332,7 @@ def test_the_audit_says_how_long_it_will_take_before_training(audited: dict) -> 
     plan = next(i for i, line in enumerate(lines) if line.startswith("Training 2 folds x 1 epoch on 37 "))
     assert lines[plan - 1] == "Timing a few training steps..."
     assert re.fullmatch(
-        r"Training 2 folds x 1 epoch on 37 images each: about \d+ s \(until \d\d:\d\d; measured "
+        r"Training 2 folds x 1 epoch on 37 images each: about \d+ (s|min) \(until \d\d:\d\d; measured "
         r"\d+\.\d\d s per batch of 16 on the CPU\)\.",
         lines[plan],
     )
