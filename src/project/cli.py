@@ -114,8 +114,9 @@ class ProjectCLI(LightningCLI):
                 "description": "Train, evaluate, predict with and export image classifiers. "
                 "Also: python -m project infer (torch-free inference on an export), serve (an HTTP "
                 "service for an export), report (a run's curves as a PNG), sweep (a hyperparameter "
-                "search over these options), audit (wrong labels, duplicates, leaks), doctor (check "
-                "this machine), new (start a task from this template); each with --help.",
+                "search over these options), audit (wrong labels, duplicates, leaks), models (the "
+                "backbones --model.backbone takes), doctor (check this machine), new (start a task from "
+                "this template); each with --help.",
             },
             save_config_callback=AtomicSaveConfig,
             save_config_kwargs={"overwrite": True},

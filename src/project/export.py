@@ -21,6 +21,7 @@ from torch import nn
 
 import project
 from project.atomic import atomic_files, atomic_symlink
+from project.backbones import preprocessing
 from project.calibrate import calibrate_export, check_accept, check_score
 from project.calibrate import skipped as calibration_skipped
 from project.checkpoint_io import load_checkpoint_file
@@ -101,6 +102,8 @@ def load_for_export(checkpoint: dict) -> ImageClassifier:
     # torch.compile'd modules save their weights under `_orig_mod.`; the plain module has none
     state = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}
     model.load_state_dict(state)
+    # built without weights (the state dict has them): the config of the weights it was trained from
+    model.pretrained_config = preprocessing(hp["backbone"], hp.get("weights"))
     return model.eval()
 
 
@@ -352,6 +355,8 @@ def _sidecar(
             "global_step": checkpoint.get("global_step"),
         },
         "backbone": hp["backbone"],
+        # what the backbone's pretrained weights expect (timm: its pretrained config), for reference
+        "pretrained_config": dict(model.pretrained_config),
         "run": run,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": {
