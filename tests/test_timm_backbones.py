@@ -233,3 +233,16 @@ def test_each_family_trains_a_step_and_exports_to_onnx_that_agrees(backbone: str
 def test_head_of_a_timm_model_is_its_classifier() -> None:
     net = build_backbone("timm/convnext_nano", 5)
     assert head_of(net) is net.head.fc and isinstance(head_of(net), nn.Linear)
+
+
+@pytest.mark.slow
+def test_the_command_line_takes_the_backbones_crop_unless_given(shapes_root: Path) -> None:
+    from project.cli import ProjectCLI
+    from tests.helpers import fast_args
+
+    args = fast_args(shapes_root, "--model.backbone=timm/test_vit")
+    cli = ProjectCLI(args=["memory", *args])  # timm's test_vit: crop_pct 0.95, mean and std 0.5
+    assert cli.datamodule.crop_ratio == 0.95 and cli.datamodule.hparams.crop_ratio == 0.95
+    assert cli.model.hparams.mean == (0.5, 0.5, 0.5)
+    cli = ProjectCLI(args=["memory", *args, "--data.crop_ratio=0.8", "--model.mean=[0.4,0.4,0.4]"])
+    assert cli.datamodule.crop_ratio == 0.8 and cli.model.hparams.mean == (0.4, 0.4, 0.4)

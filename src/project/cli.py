@@ -13,6 +13,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from project.atomic import remove_partials
+from project.backbones import preprocessing
 from project.callbacks import (
     EMA,
     CheckpointPaths,
@@ -186,6 +187,8 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         check_cli_config(config)
+        if config.data.crop_ratio is None:  # the crop the backbone's pretrained weights were made with
+            config.data.crop_ratio = preprocessing(config.model.backbone, config.model.weights)["crop_pct"]
         if self.subcommand in DRY:
             config.trainer.logger = False
             return
