@@ -3,6 +3,7 @@ and every feature built on the backbone (freeze, layer decay, Grad-CAM, export).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,18 @@ def test_models_without_a_match_is_one_error_with_a_hint(capsys: pytest.CaptureF
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: No backbone matches 'convnxt_nano'. Fix: did you mean timm/convnext_nano")
+
+
+def test_without_timm_a_timm_name_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "timm", None)  # what `import timm` does where it is not installed
+    with pytest.raises(UserError, match=r"need the timm package\. Fix: pip install -e '\.\[timm\]'"):
+        build_backbone("timm/resnet18", 3)
+    models_main(["resnet18"])  # torchvision's still listed, and a note on timm's
+    captured = capsys.readouterr()
+    assert captured.out.split()[0] == "resnet18" and "timm/" not in captured.out
+    assert "timm is not installed: pip install -e '.[timm]'" in captured.err
 
 
 def test_weights_from_a_local_safetensors_file(tmp_path: Path) -> None:
