@@ -108,7 +108,8 @@ def build(name: str, num_classes: int, image_size: int | None) -> nn.Module:
         model = timm.create_model(arch, pretrained=False, num_classes=num_classes, **sized)
     except (AssertionError, ValueError, TypeError, RuntimeError) as e:
         raise UserError(
-            f"Backbone '{name}' cannot be built for {image_size} px images: {str(e).splitlines()[0]}.",
+            f"Backbone '{name}' cannot be built{f' for {image_size} px images' if image_size else ''}: "
+            f"{str(e).splitlines()[0]}.",
             "choose another --data.image_size (the model's pretrained size is "
             f"{pretrained_config(name)['input_size']} px) or another --model.backbone.",
         ) from None
@@ -152,8 +153,8 @@ def read_hub(name: str, weights: str) -> tuple[dict[str, torch.Tensor], str]:
             f"Backbone '{name}' has no pretrained weights in timm (--model.weights={weights}).",
             "use --model.weights=none, or a local .safetensors/.pth file.",
         )
+    # tags[0] is timm's default tag: weight_tags puts it first
     cfg = timm_module().models.get_pretrained_cfg(f"{arch}.{tags[0] if weights == 'DEFAULT' else weights}")
-    # (tags[0] is timm's default tag: weight_tags puts it first)
     label = f"{arch}.{cfg.tag}"
     if not cfg.hf_hub_id:
         raise UserError(
