@@ -1,8 +1,10 @@
 """Small-data transfer: fine-tune local pretrained weights on a small folder, with and without each recipe.
 
     python bench/transfer.py --cifar /tmp/cifar10 [--work DIR] [--per-class 50] [--epochs 30] [--seeds 3]
+                             [--backbone resnet18 | timm/resnet18 | ...]
 
-Offline stand-in for "fine-tune ImageNet weights on my 50 photos a class": resnet18 is trained at
+Offline stand-in for "fine-tune ImageNet weights on my 50 photos a class": resnet18 (or `--backbone`,
+e.g. a timm model) is trained at
 32 px on five CIFAR-10 classes (airplane, automobile, bird, cat, deer; `--pretrain-epochs`), its
 backbone saved as a local state-dict file (head left out), then fine-tuned on the five other
 classes (dog, frog, horse, ship, truck) with `--per-class` training images each, validated on 200
@@ -31,6 +33,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from project.backbones import build_backbone, head_of
 
 SOURCE = ("airplane", "automobile", "bird", "cat", "deer")
 TARGET = ("dog", "frog", "horse", "ship", "truck")
@@ -73,20 +77,22 @@ COMMON = (
 )
 
 
-def pretrain(work: Path, cifar: Path, epochs: int) -> Path:
-    """resnet18 on the five source classes; its backbone (no head) saved as `pretrained-resnet18.pth`."""
-    weights = work / "pretrained-resnet18.pth"
+def pretrain(work: Path, cifar: Path, epochs: int, backbone: str = "resnet18") -> Path:
+    """`backbone` on the five source classes; its weights (no head) saved as `pretrained-<backbone>.pth`."""
+    slug = backbone.replace("/", "-")
+    weights = work / f"pretrained-{slug}.pth"
     if weights.is_file():
         return weights
     source = work / "source"
     link_subset(cifar / "train", source, SOURCE, None)
-    name = "pretrain"
+    name = f"pretrain-{slug}"
     _, seconds = run(
         project(
             "fit",
             "--config=configs/experiments/cifar10.yaml",
             f"--data.root={source.resolve()}",
             f"--trainer.max_epochs={epochs}",
+            f"--model.backbone={backbone}",
             "--model.scheduler.init_args.warmup_steps=100",
             f"--name={name}",
             *COMMON,
@@ -95,10 +101,12 @@ def pretrain(work: Path, cifar: Path, epochs: int) -> Path:
     )
     last = work / "checkpoints" / name / "last.ckpt"
     state = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
-    backbone = {
-        k.removeprefix("net."): v for k, v in state.items() if k.startswith("net.") and ".fc." not in k
+    net = build_backbone(backbone, len(SOURCE))
+    head = next(f"net.{name}." for name, module in net.named_modules() if module is head_of(net))
+    kept = {
+        k.removeprefix("net."): v for k, v in state.items() if k.startswith("net.") and not k.startswith(head)
     }
-    torch.save(backbone, weights)
+    torch.save(kept, weights)
     print(f"pretrained {epochs} epochs in {seconds:.0f} s -> {weights}", flush=True)
     return weights
 
@@ -108,7 +116,9 @@ def accuracy(output: str, key: str = "val/acc") -> float:
     return float(found[-1])
 
 
-def arm(work: Path, name: str, seed: int, epochs: int, lr: float, extra: list[str]) -> tuple[float, float]:
+def arm(
+    work: Path, name: str, seed: int, epochs: int, lr: float, extra: list[str], backbone: str = "resnet18"
+) -> tuple[float, float]:
     _, seconds = run(
         project(
             "fit",
@@ -116,7 +126,7 @@ def arm(work: Path, name: str, seed: int, epochs: int, lr: float, extra: list[st
             "--data.batch_size=32",
             "--data.auto_augment=trivialaugment",
             "--data.scale=[0.35,1.0]",
-            "--model.backbone=resnet18",
+            f"--model.backbone={backbone}",
             "--model.bn_momentum=0.1",
             f"--model.optimizer.init_args.lr={lr}",
             "--model.optimizer.init_args.weight_decay=0.05",
@@ -149,6 +159,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--pretrain-only", action="store_true")
+    parser.add_argument("--backbone", default="resnet18", help="any --model.backbone (timm/resnet18, ...)")
     parser.add_argument("--arms", default="scratch,full,schedule", help="which arms to run")
     parser.add_argument(
         "--schedule-epochs", type=int, help="epochs of the schedule arm (its head-only epochs are cheaper)"
@@ -157,7 +168,7 @@ def main() -> None:
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     shutil.copytree(Path(__file__).parents[1] / "configs", work / "configs", dirs_exist_ok=True)
-    weights = pretrain(work, args.cifar.resolve(), args.pretrain_epochs)
+    weights = pretrain(work, args.cifar.resolve(), args.pretrain_epochs, args.backbone)
     if args.pretrain_only:
         return
     link_subset(args.cifar / "train", work / "target" / "train", TARGET, args.per_class)
@@ -180,8 +191,8 @@ def main() -> None:
     stamp = time.strftime("%H%M%S")
     for seed in range(args.seeds):
         for label, extra in arms.items():
-            name = f"{label}-{seed}-{stamp}"
-            acc, seconds = arm(work, name, seed, epochs[label], args.lr, extra)
+            name = f"{label}-{args.backbone.replace('/', '-')}-{seed}-{stamp}"
+            acc, seconds = arm(work, name, seed, epochs[label], args.lr, extra, args.backbone)
             results[label].append((acc, seconds))
             line = f"seed {seed} {label:<9} val/acc {acc:.4f}  {seconds:5.0f} s"
             if label != "scratch":

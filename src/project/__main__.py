@@ -1,6 +1,7 @@
 """The one entry point, of `python -m project ...` and of the installed `project` script: dispatch only.
 
-infer, serve, report, new, doctor and sweep skip LightningCLI (and most of them torch): they go first.
+infer, serve, report, new, doctor, sweep, audit and models skip LightningCLI (and most of them torch):
+they go first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ COMMANDS = {
     "new": "project.new",
     "sweep": "project.sweep.command",
     "audit": "project.audit.command",
+    "models": "project.models",
 }
 
 

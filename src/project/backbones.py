@@ -1,4 +1,5 @@
-"""Build any torchvision classification model by name, sized for our classes, with optional weights."""
+"""Build any torchvision classification model (or timm model, `timm/<name>`) by name, sized for our
+classes, with optional weights."""
 
 from __future__ import annotations
 
@@ -15,8 +16,21 @@ import torchvision
 from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings
 
+from project import timm_backbones
 from project.checkpoint_io import load_checkpoint_file
 from project.errors import UserError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# torchvision's classification weights: ImageNet statistics, bilinear resize, 224 px centre crops of 256
+TORCHVISION_PREPROCESSING = {
+    "mean": IMAGENET_MEAN,
+    "std": IMAGENET_STD,
+    "input_size": 224,
+    "interpolation": "bilinear",
+    "crop_pct": 0.875,
+    "tag": None,
+}
 
 # MaxViT attends within 7x7 windows at each of its stages (strides 4, 8, 16, 32): each stage's grid
 # must be a whole number of windows, so 224 px (7 x 32) and its multiples fit.
@@ -31,8 +45,13 @@ def classification_models() -> list[str]:
 def build_backbone(
     name: str, num_classes: int, weights: str | None = None, image_size: int | None = None
 ) -> nn.Module:
-    """`name` with a `num_classes` head, built for `image_size` px inputs (None: torchvision's size);
-    `weights` is None, a torchvision weights name, or a file."""
+    """`name` with a `num_classes` head, built for `image_size` px inputs (None: the model's own size);
+    `weights` is None, a weights name (torchvision's, or DEFAULT/a tag for `timm/` names), or a file."""
+    if timm_backbones.is_timm(name):
+        model = timm_backbones.build(name, num_classes, image_size)
+        if weights is not None and weights.lower() != "none":
+            load_weights(model, name, weights)
+        return model
     known = classification_models()
     if name not in known:
         close = difflib.get_close_matches(name, known, n=3)
@@ -44,6 +63,14 @@ def build_backbone(
     if weights is not None and weights.lower() != "none":
         load_weights(model, name, weights)
     return model
+
+
+def preprocessing(name: str, weights: str | None = None) -> dict[str, Any]:
+    """What backbone `name`'s pretrained weights expect: mean, std, input_size, interpolation, crop_pct
+    (timm: the model's pretrained config for that weights tag; torchvision: ImageNet's, for every model)."""
+    if timm_backbones.is_timm(name):
+        return timm_backbones.pretrained_config(name, weights)
+    return dict(TORCHVISION_PREPROCESSING)
 
 
 def size_arguments(name: str, image_size: int | None) -> dict[str, Any]:
@@ -96,15 +123,26 @@ def _refuse(name: str, image_size: int, needs: str, suggested: int) -> None:
 
 
 def head_of(model: nn.Module) -> nn.Module:
-    """The classification layer: the last Linear, or the last Conv2d where there is none (squeezenet)."""
+    """The classification layer: timm's classifier, else the last Linear, or the last Conv2d where there is
+    none (squeezenet)."""
+    if hasattr(model, "get_classifier"):
+        return model.get_classifier()
     layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
     layers = layers or [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     return layers[-1]
 
 
 def load_weights(model: nn.Module, name: str, weights: str) -> None:
-    """Load every weight but the class-specific head, from torchvision's registry or a local file."""
-    state = _read_local(Path(weights)) if _looks_like_path(weights) else _read_torchvision(name, weights)
+    """Load every weight but the class-specific head, from torchvision's registry, timm's hub or a local
+    file."""
+    if _looks_like_path(weights):
+        state = _read_local(Path(weights))
+    elif timm_backbones.is_timm(name):
+        state, _ = timm_backbones.read_hub(name, weights)
+    else:
+        state = _read_torchvision(name, weights)
+    if timm_backbones.is_timm(name):
+        state = timm_backbones.adapt_state(model, state)
     state = _fit_position_embedding(model, state)
     own = model.state_dict()
     head = head_of(model)
@@ -116,8 +154,9 @@ def load_weights(model: nn.Module, name: str, weights: str) -> None:
         raise UserError(
             f"Weights '{weights}' do not fit backbone '{name}': {len(missing)} of its tensors are missing "
             f"(e.g. {missing[:3]}), {len(skipped)} in the file do not match (e.g. {skipped[:3]}).",
-            "pass weights saved from the same architecture (a state dict of torchvision's "
-            f"{name}), or choose the backbone they belong to.",
+            "pass weights saved from the same architecture (a state dict of "
+            f"{'timm' if timm_backbones.is_timm(name) else 'torchvision'}'s {name}), or choose the "
+            "backbone they belong to.",
         )
     model.load_state_dict(compatible, strict=False)
 
@@ -139,7 +178,8 @@ def _fit_position_embedding(model: nn.Module, state: dict[str, torch.Tensor]) ->
 
 
 def _looks_like_path(weights: str) -> bool:
-    return "/" in weights or "\\" in weights or Path(weights).suffix in (".pth", ".pt", ".ckpt", ".bin")
+    suffixes = (".pth", ".pt", ".ckpt", ".bin", ".safetensors")
+    return "/" in weights or "\\" in weights or Path(weights).suffix in suffixes
 
 
 def _is_aux(key: str) -> bool:
@@ -149,7 +189,10 @@ def _is_aux(key: str) -> bool:
 def _read_local(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise UserError(f"Weights file '{path}' (--model.weights) does not exist.", "check the path.")
-    state = load_checkpoint_file(path)  # weights-only: a file from elsewhere cannot run code
+    if path.suffix == ".safetensors":  # tensors only, by the format
+        state = timm_backbones.read_safetensors(path)
+    else:
+        state = load_checkpoint_file(path)  # weights-only: a file from elsewhere cannot run code
     for key in ("state_dict", "model"):  # Lightning checkpoints and common training scripts nest it
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]

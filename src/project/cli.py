@@ -13,6 +13,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from project.atomic import remove_partials
+from project.backbones import preprocessing
 from project.callbacks import (
     EMA,
     CheckpointPaths,
@@ -114,8 +115,9 @@ class ProjectCLI(LightningCLI):
                 "description": "Train, evaluate, predict with and export image classifiers. "
                 "Also: python -m project infer (torch-free inference on an export), serve (an HTTP "
                 "service for an export), report (a run's curves as a PNG), sweep (a hyperparameter "
-                "search over these options), audit (wrong labels, duplicates, leaks), doctor (check "
-                "this machine), new (start a task from this template); each with --help.",
+                "search over these options), audit (wrong labels, duplicates, leaks), models (the "
+                "backbones --model.backbone takes), doctor (check this machine), new (start a task from "
+                "this template); each with --help.",
             },
             save_config_callback=AtomicSaveConfig,
             save_config_kwargs={"overwrite": True},
@@ -185,6 +187,8 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         check_cli_config(config)
+        if config.data.crop_ratio is None:  # the crop the backbone's pretrained weights were made with
+            config.data.crop_ratio = preprocessing(config.model.backbone, config.model.weights)["crop_pct"]
         if self.subcommand in DRY:
             config.trainer.logger = False
             return

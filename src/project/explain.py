@@ -1,14 +1,16 @@
 """Grad-CAM heat maps of predictions (`predict --predictions.explain_dir=DIR`), for error analysis.
 
 Which parts of an image drove the predicted class: the gradients of that class's logit weight
-the activations of the network's last convolutional block (pytorch-grad-cam's GradCAM). The
+the activations of the network's last convolutional block, or a vision transformer's last block
+(timm models: its token grid as a feature map) (pytorch-grad-cam's GradCAM). The
 overlay, the image with the heat map over it, is written as `<DIR>/<image's path>.cam.png`.
 Needs the `explain` extra (`pip install -e .[explain]`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,14 @@ from project.errors import UserError
 
 def target_layer(net: nn.Module, backbone: str) -> nn.Module:
     """The last top-level block of `net` with a convolution before the head: resnet's layer4,
-    mobilenet's, efficientnet's and convnext's `features`."""
+    mobilenet's, efficientnet's and convnext's `features`. For a timm model the last feature stage it
+    declares (`feature_info`), and for a timm vision transformer its last block's first norm (where
+    the class token's gradient still reaches every patch token: after it, only the class token does)."""
+    if hasattr(net, "feature_info"):
+        blocks = getattr(net, "blocks", None)
+        if hasattr(net, "patch_embed") and blocks is not None and hasattr(blocks[-1], "norm1"):
+            return blocks[-1].norm1
+        return net.get_submodule(net.feature_info[-1]["module"])
     if backbone.startswith(("vit_", "swin_", "maxvit")):
         raise UserError(
             f"Grad-CAM is not set up for '{backbone}': a transformer's attention maps are not a "
@@ -42,6 +51,23 @@ def target_layer(net: nn.Module, backbone: str) -> nn.Module:
     return blocks[-1]
 
 
+def feature_map(net: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The target layer's output as [N, C, H, W]: a vision transformer's tokens [N, T, C] without the
+    class (and register) tokens, on the patch grid; a channels-last stage's [N, H, W, C] (timm's swin)."""
+    prefix = int(getattr(net, "num_prefix_tokens", 0))
+
+    def transform(output: torch.Tensor) -> torch.Tensor:
+        if output.ndim == 3:
+            tokens = output[:, prefix:]
+            side = math.isqrt(tokens.shape[1])
+            return tokens.reshape(len(tokens), side, side, -1).permute(0, 3, 1, 2)
+        if getattr(net, "output_fmt", "NCHW") == "NHWC":
+            return output.permute(0, 3, 1, 2)
+        return output
+
+    return transform
+
+
 class Explainer:
     """Grad-CAM of a classifier (`normalize` then `net`, uint8 images in) for its predicted classes."""
 
@@ -54,7 +80,7 @@ class Explainer:
                 "pip install -e '.[explain]' (or pip install grad-cam).",
             ) from None
         self.model = nn.Sequential(normalize, net)
-        self.cam = GradCAM(self.model, [target_layer(net, backbone)])
+        self.cam = GradCAM(self.model, [target_layer(net, backbone)], reshape_transform=feature_map(net))
 
     def heat_maps(self, images: torch.Tensor) -> np.ndarray:
         """float [N, H, W] in 0..1 for uint8 images [N, 3, H, W] (the predicted class of each)."""

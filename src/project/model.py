@@ -1,4 +1,4 @@
-"""ImageClassifier: a torchvision backbone with a new head, its loss, metrics, optimizer and schedule."""
+"""ImageClassifier: a torchvision or timm backbone with a new head, its loss, metrics, optimizer, schedule."""
 
 from __future__ import annotations
 
@@ -26,15 +26,13 @@ from torchmetrics.classification import (
 )
 from typing_extensions import override
 
-from project.backbones import build_backbone
+from project.backbones import build_backbone, preprocessing
 from project.config_checks import positive_int, require
 from project.errors import UserError
 from project.finetune import depth_groups, fix_batchnorm
 from project.finetune import freeze_backbone as set_frozen
 from project.schedulers import WarmupCosineLR
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 # where torch's fused optimizer kernels run (torch checks it only at the first step)
 FUSED_DEVICES = ("cpu", "cuda", "xpu")
 
@@ -179,8 +177,8 @@ class ImageClassifier(L.LightningModule):
         scheduler_interval: Literal["step", "epoch"] = "step",
         label_smoothing: float = 0.0,
         class_weights: list[float] | None = None,
-        mean: tuple[float, float, float] = IMAGENET_MEAN,
-        std: tuple[float, float, float] = IMAGENET_STD,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
         channels_last: bool = False,
         compile: bool = False,
         task: Literal["multiclass", "multilabel"] = "multiclass",
@@ -191,8 +189,10 @@ class ImageClassifier(L.LightningModule):
             num_classes: Number of classes; linked from the data, never typed.
             class_names: Class names in label order; linked from the data and kept in checkpoints.
             image_size: Training image size; linked from the data and used by predict and export.
-            backbone: Any torchvision classification model name (resnet18, efficientnet_b0, vit_b_16, ...).
-            weights: none, a torchvision weights name (DEFAULT, IMAGENET1K_V1) or a local state-dict file.
+            backbone: Any torchvision classification model name (resnet18, efficientnet_b0, vit_b_16, ...)
+                or timm model as timm/<name> (timm/convnext_nano, ...); `python -m project models` lists them.
+            weights: none, DEFAULT, a weights name (torchvision's IMAGENET1K_V1; a timm tag such as
+                in12k_ft_in1k) or a local .safetensors/.pth state-dict file.
             freeze_backbone: Train the head only (the backbone's BatchNorm statistics stay fixed too).
             head_epochs: Fine-tuning: train the head only for this many epochs (backbone frozen as with
                 freeze_backbone), then every layer.
@@ -210,8 +210,9 @@ class ImageClassifier(L.LightningModule):
             class_weights: Weight of each class in the training loss, in label order; linked from the
                 data with `--data.balance=loss` (inverse class frequency) and kept in checkpoints.
                 val/loss and test/loss stay the unweighted cross-entropy.
-            mean: Per-channel mean in [0, 1] for normalization (ImageNet's by default).
-            std: Per-channel standard deviation in [0, 1] for normalization.
+            mean: Per-channel mean in [0, 1] for normalization; null: the backbone's pretrained config
+                (ImageNet's for torchvision; timm's for the weights tag, e.g. 0.5 for many ViTs).
+            std: Per-channel standard deviation in [0, 1] for normalization; null: as for mean.
             channels_last: Run the network in channels-last memory format (faster on recent GPUs).
             compile: Compile the network with torch.compile.
             task: multiclass (one class per image: softmax, cross-entropy) or multilabel (any number of
@@ -229,7 +230,12 @@ class ImageClassifier(L.LightningModule):
         require(head_epochs >= 0, "model.head_epochs", head_epochs, "a whole number of epochs, 0 or more")
         require(0 < layer_decay <= 1, "model.layer_decay", layer_decay, "a number in (0, 1]")
         check_class_weights(class_weights, num_classes, task)
+        # what the pretrained weights expect; kept in checkpoints and export sidecars
+        self.pretrained_config = preprocessing(backbone, weights)
+        mean = tuple(mean) if mean is not None else self.pretrained_config["mean"]
+        std = tuple(std) if std is not None else self.pretrained_config["std"]
         self.save_hyperparameters()
+        self.hparams.update(mean=mean, std=std)  # resolved: checkpoints and exports name the numbers
         self.class_names = class_names
         self.image_size = image_size
         self.optimizer = optimizer
@@ -296,6 +302,12 @@ class ImageClassifier(L.LightningModule):
     def configure_model(self) -> None:
         if self.compile_net:
             self.net.compile()
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """The backbone's pretrained config (mean, std, input size, interpolation, crop) beside the weights:
+        what a user of the checkpoint needs to know of the weights it started from."""
+        checkpoint["pretrained_config"] = dict(self.pretrained_config)
 
     def train(self, mode: bool = True) -> ImageClassifier:
         """Like nn.Module.train, but a frozen backbone's BatchNorm layers stay in eval mode."""

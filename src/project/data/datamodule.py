@@ -40,6 +40,8 @@ from project.data.transforms import AutoAugment, BatchMix, eval_transform, train
 from project.errors import UserError
 
 EMBEDDED_ROOT = Path("data") / "shapes"
+# evaluation resizes to image_size / 0.875 (256 for 224), then centre-crops: torchvision's weights' recipe
+DEFAULT_CROP_RATIO = 0.875
 # the multi-label example (configs/experiments/multilabel.yaml): generated on first use, like the shapes
 EMBEDDED_MULTILABEL_CSV = Path("data") / "multishapes" / "labels.csv"
 
@@ -127,7 +129,7 @@ class ImageDataModule(L.LightningDataModule):
         split_seed: int = 0,
         num_classes: int | None = None,
         image_size: int = 224,
-        crop_ratio: float = 0.875,
+        crop_ratio: float | None = None,
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         hflip: bool = True,
@@ -152,7 +154,8 @@ class ImageDataModule(L.LightningDataModule):
             split_seed: Seed of that split; kept apart from the training seed so the split never moves.
             num_classes: Expected number of classes, checked against the class folders (optional).
             image_size: Side of the square crops the model sees.
-            crop_ratio: Evaluation resizes the short side to image_size / crop_ratio, then centre-crops.
+            crop_ratio: Evaluation resizes the short side to image_size / crop_ratio, then centre-crops;
+                null: the backbone's pretrained crop (a timm model's crop_pct; 0.875 for torchvision).
             scale: RandomResizedCrop area range for training.
             ratio: RandomResizedCrop aspect-ratio range for training.
             hflip: Random horizontal flips for training.
@@ -189,12 +192,15 @@ class ImageDataModule(L.LightningDataModule):
                 data.
         """
         super().__init__()
+        # the command line sets the backbone's own crop (cli.py); built directly: torchvision's
+        crop_ratio = DEFAULT_CROP_RATIO if crop_ratio is None else crop_ratio
         check_recipe_options(mixup_alpha, cutmix_alpha, balance, labels_csv)
         check_data_options(
             val_split, image_size, crop_ratio, scale, ratio, batch_size, num_workers, prefetch_factor
         )
         # num_classes and image_size are linked to the model and stored with it: one place, no disagreement
         self.save_hyperparameters(ignore=["num_classes", "image_size"])
+        self.hparams.update(crop_ratio=crop_ratio)  # resolved: checkpoints name the number
         self.labels_csv = Path(labels_csv) if labels_csv is not None else None
         self.label_delimiter = label_delimiter
         if self.labels_csv is not None:

@@ -246,6 +246,8 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
             "global_step": checkpoint.contents.get("global_step"),
         },
         "backbone": hp["backbone"],
+        # what the backbone's pretrained weights expect (timm: its pretrained config), for reference
+        "pretrained_config": dict(model.pretrained_config),
         "run": checkpoint.run,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": {

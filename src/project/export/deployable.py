@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from project.backbones import preprocessing
 from project.model import ImageClassifier
 
 
@@ -41,6 +42,8 @@ def load_for_export(checkpoint: dict) -> ImageClassifier:
     # torch.compile'd modules save their weights under `_orig_mod.`; the plain module has none
     state = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}
     model.load_state_dict(state)
+    # built without weights (the state dict has them): the config of the weights it was trained from
+    model.pretrained_config = preprocessing(hp["backbone"], hp.get("weights"))
     return model.eval()
 
 

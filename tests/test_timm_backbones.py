@@ -1,0 +1,261 @@
+"""timm backbones (`--model.backbone=timm/<name>`): names, weights (files, hub, offline), preprocessing,
+and every feature built on the backbone (freeze, layer decay, Grad-CAM, export)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from project.backbones import build_backbone, head_of
+from project.errors import UserError
+from project.finetune import depth_groups
+from project.model import ImageClassifier
+from project.models import main as models_main
+from tests.test_checkpoint_io import RunsCode
+
+timm = pytest.importorskip("timm")
+huggingface_hub = pytest.importorskip("huggingface_hub")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+def test_a_misspelled_timm_name_gets_close_matches() -> None:
+    with pytest.raises(UserError) as error:
+        build_backbone("timm/convnxt_nano", 3)
+    message = str(error.value)
+    assert message.startswith("Unknown backbone 'timm/convnxt_nano' (--model.backbone).")
+    assert "Fix: did you mean timm/convnext_nano" in message
+
+
+def test_a_weights_tag_in_the_name_points_to_the_weights_option() -> None:
+    with pytest.raises(
+        UserError, match=r"Fix: pass --model.backbone=timm/convnext_nano --model.weights=in12k\.$"
+    ):
+        build_backbone("timm/convnext_nano.in12k", 3)
+
+
+def test_models_lists_torchvision_and_timm_names_by_pattern(capsys: pytest.CaptureFixture[str]) -> None:
+    models_main(["resnet1?"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["resnet18", "timm/resnet18"]
+    tv, tm = lines
+    assert "weights: DEFAULT, IMAGENET1K_V1  (224 px, bilinear, crop 0.875" in tv
+    assert "weights: DEFAULT, a1_in1k, " in tm and "(224 px, bicubic, crop 0.95" in tm
+
+
+def test_models_without_a_match_is_one_error_with_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        models_main(["convnxt_nano"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: No backbone matches 'convnxt_nano'. Fix: did you mean timm/convnext_nano")
+
+
+def test_without_timm_a_timm_name_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "timm", None)  # what `import timm` does where it is not installed
+    with pytest.raises(UserError, match=r"need the timm package\. Fix: pip install -e '\.\[timm\]'"):
+        build_backbone("timm/resnet18", 3)
+    models_main(["resnet18"])  # torchvision's still listed, and a note on timm's
+    captured = capsys.readouterr()
+    assert captured.out.split()[0] == "resnet18" and "timm/" not in captured.out
+    assert "timm is not installed: pip install -e '.[timm]'" in captured.err
+
+
+def test_weights_from_a_local_safetensors_file(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    source = timm.create_model("resnet18", num_classes=1000)  # an ImageNet-shaped state dict
+    safetensors_torch.save_file(source.state_dict(), tmp_path / "resnet18.safetensors")
+    model = build_backbone("timm/resnet18", 4, weights=str(tmp_path / "resnet18.safetensors"))
+    assert torch.equal(model.conv1.weight, source.conv1.weight)
+    assert torch.equal(model.layer4[1].bn2.running_var, source.layer4[1].bn2.running_var)
+    assert model.fc.out_features == 4  # the 1000-class head is not copied
+
+
+def test_vit_weights_of_another_size_are_resampled_by_timms_filter(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    source = timm.create_model("vit_tiny_patch16_224", num_classes=1000, depth=1)  # 14x14 patches
+    torch.save(source.state_dict(), tmp_path / "vit.pth")
+    model = timm.create_model("vit_tiny_patch16_224", num_classes=3, depth=1, img_size=32)
+    from project.backbones import load_weights
+
+    load_weights(model, "timm/vit_tiny_patch16_224", str(tmp_path / "vit.pth"))
+    assert model.pos_embed.shape == (1, 1 + 2 * 2, 192)
+    assert torch.equal(model.cls_token, source.cls_token)
+    assert torch.equal(model.patch_embed.proj.weight, source.patch_embed.proj.weight)
+
+
+def test_the_pretrained_config_gives_mean_and_std_unless_overridden() -> None:
+    vit = ImageClassifier(num_classes=3, backbone="timm/vit_tiny_patch16_224", image_size=32, scheduler=None)
+    assert vit.hparams.mean == (0.5, 0.5, 0.5) and vit.hparams.std == (0.5, 0.5, 0.5)
+    assert torch.allclose(vit.normalize.shift.flatten(), torch.tensor([127.5] * 3))
+    checkpoint: dict = {}
+    vit.on_save_checkpoint(checkpoint)
+    assert checkpoint["pretrained_config"] == {
+        "mean": (0.5, 0.5, 0.5),
+        "std": (0.5, 0.5, 0.5),
+        "input_size": 224,
+        "interpolation": "bicubic",
+        "crop_pct": 0.9,
+        "tag": "augreg_in21k_ft_in1k",
+    }
+    own = ImageClassifier(
+        num_classes=3,
+        backbone="timm/vit_tiny_patch16_224",
+        image_size=32,
+        mean=(0.1, 0.2, 0.3),
+        scheduler=None,
+    )
+    assert own.hparams.mean == (0.1, 0.2, 0.3) and own.hparams.std == (0.5, 0.5, 0.5)
+    torchvision_model = ImageClassifier(num_classes=3, backbone="resnet18", scheduler=None)
+    assert torchvision_model.hparams.mean == (0.485, 0.456, 0.406)
+
+
+@pytest.fixture
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty Hugging Face cache in tmp_path, and no network (the hub's offline mode)."""
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_offline_download_is_one_message_naming_the_file(offline_hub: Path) -> None:
+    with pytest.raises(UserError) as error:
+        build_backbone("timm/resnet18", 3, weights="DEFAULT")
+    message = str(error.value)
+    assert message.startswith(
+        "Cannot download the timm weights resnet18.a1_in1k from "
+        "https://huggingface.co/timm/resnet18.a1_in1k/resolve/main/model.safetensors: this machine is offline"
+    )
+    assert "Fix: download model.safetensors from that address" in message
+    assert "--model.weights=PATH/model.safetensors" in message and str(offline_hub) in message
+    assert "\n" not in message
+
+
+def test_an_unknown_weights_tag_lists_the_known_ones() -> None:
+    with pytest.raises(UserError, match=r"no weights 'in99k'.*use one of: DEFAULT, a1_in1k, a2_in1k"):
+        build_backbone("timm/resnet18", 3, weights="in99k")
+
+
+def test_a_planted_pickle_in_the_hub_cache_runs_nothing(offline_hub: Path, tmp_path: Path) -> None:
+    """The hub's .bin (read where a model has no .safetensors) is loaded weights-only."""
+    marker = tmp_path / "code-ran"
+    repo = offline_hub / "models--timm--resnet18.a1_in1k"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    planted = repo / "snapshots" / ("0" * 40) / "pytorch_model.bin"
+    planted.parent.mkdir(parents=True)
+    torch.save({"conv1.weight": RunsCode(marker)}, planted)
+    with pytest.raises(UserError) as error:
+        build_backbone("timm/resnet18", 3, weights="DEFAULT")
+    message = str(error.value)
+    assert message.startswith(f"Refused to load the cached weights '{planted}' (resnet18.a1_in1k)")
+    assert "(posix.system)" in message and "Nothing in it was executed" in message and "\n" not in message
+    assert not marker.exists()
+
+
+def test_layer_decay_groups_follow_the_models_own_blocks() -> None:
+    net = build_backbone("timm/resnet18", 3)
+    groups = depth_groups(net, 0.5)
+    # timm's resnet18: stem, 8 basic blocks, head: 10 levels of (weights, biases and norms)
+    assert [g["lr_scale"] for g in groups[::2]] == [0.5 ** (9 - k) for k in range(10)]
+    assert {id(p) for p in groups[0]["params"]} == {id(net.conv1.weight)}
+    assert {id(p) for p in groups[-2]["params"] + groups[-1]["params"]} == {
+        id(net.fc.weight),
+        id(net.fc.bias),
+    }
+    assert {id(p) for p in groups[16]["params"]} == {id(p) for p in net.layer4[1].parameters() if p.ndim > 1}
+    listed = [id(p) for g in groups for p in g["params"]]
+    assert sorted(listed) == sorted(id(p) for p in net.parameters())
+
+
+def test_freezing_a_timm_backbone_trains_its_classifier_only() -> None:
+    model = ImageClassifier(
+        num_classes=3, backbone="timm/efficientnet_b0", image_size=32, freeze_backbone=True, scheduler=None
+    )
+    trainable = {n for n, p in model.net.named_parameters() if p.requires_grad}
+    assert trainable == {"classifier.weight", "classifier.bias"}
+    model.train()
+    assert not model.net.bn2.training and model.net.classifier.training
+
+
+def test_grad_cam_target_layers_of_a_timm_cnn_and_vit() -> None:
+    pytest.importorskip("pytorch_grad_cam")
+    from project.explain import Explainer, target_layer
+
+    cnn = build_backbone("timm/resnet18", 3)
+    assert target_layer(cnn, "timm/resnet18") is cnn.layer4
+    torch.manual_seed(0)
+    model = ImageClassifier(
+        num_classes=3, backbone="timm/vit_tiny_patch16_224", image_size=32, scheduler=None
+    )
+    assert target_layer(model.net, "timm/vit_tiny_patch16_224") is model.net.blocks[-1].norm1
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    maps = Explainer(model.normalize, model.net.eval(), "timm/vit_tiny_patch16_224").heat_maps(images)
+    assert maps.shape == (2, 32, 32) and np.isfinite(maps).all()
+    assert maps.reshape(2, -1).std(axis=1).min() > 0  # a map over the 2x2 patch grid, not a constant
+
+
+# One of each family, built as `fit` builds them (random weights), at 32 px: timm's own tiny test
+# variants (same model classes, a few blocks of few channels) where it has one, to keep the export cheap.
+FAMILIES = [
+    "timm/test_resnet",
+    "timm/test_convnext",
+    "timm/test_efficientnet",
+    "timm/test_vit",
+    "timm/mobilenetv4_conv_small_035",
+    "timm/regnetx_002",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone", FAMILIES)
+def test_each_family_trains_a_step_and_exports_to_onnx_that_agrees(backbone: str, tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    from project.export import Deployable, _dynamic_batch, _example, _write_onnx
+
+    torch.manual_seed(0)
+    model = ImageClassifier(num_classes=3, backbone=backbone, image_size=32, scheduler=None)
+    images, labels = _example(32, 4), torch.tensor([0, 1, 2, 0])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = head_of(model.net).weight.detach().clone()
+    loss, _ = model.train().loss((images, labels))
+    loss.backward()
+    optimizer.step()
+    assert torch.isfinite(loss) and not torch.equal(head_of(model.net).weight, before)
+
+    deployable = Deployable(model).eval()
+    program = torch.export.export(deployable, (_example(32),), dynamic_shapes=_dynamic_batch())
+    _write_onnx(program, 32, tmp_path / "model.onnx", opset=18)
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    batch = _example(32, 3)
+    (onnx_logits,) = session.run(["logits"], {"images": batch.numpy()})
+    with torch.no_grad():
+        eager = deployable(batch).numpy()
+    assert onnx_logits.shape == (3, 3)
+    np.testing.assert_allclose(onnx_logits, eager, atol=1e-4, rtol=1e-3)
+
+
+def test_head_of_a_timm_model_is_its_classifier() -> None:
+    net = build_backbone("timm/convnext_nano", 5)
+    assert head_of(net) is net.head.fc and isinstance(head_of(net), nn.Linear)
+
+
+@pytest.mark.slow
+def test_the_command_line_takes_the_backbones_crop_unless_given(shapes_root: Path) -> None:
+    from project.cli import ProjectCLI
+    from tests.helpers import fast_args
+
+    args = fast_args(shapes_root, "--model.backbone=timm/test_vit")
+    cli = ProjectCLI(args=["memory", *args])  # timm's test_vit: crop_pct 0.95, mean and std 0.5
+    assert cli.datamodule.crop_ratio == 0.95 and cli.datamodule.hparams.crop_ratio == 0.95
+    assert cli.model.hparams.mean == (0.5, 0.5, 0.5)
+    cli = ProjectCLI(args=["memory", *args, "--data.crop_ratio=0.8", "--model.mean=[0.4,0.4,0.4]"])
+    assert cli.datamodule.crop_ratio == 0.8 and cli.model.hparams.mean == (0.4, 0.4, 0.4)
