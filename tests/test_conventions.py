@@ -159,3 +159,15 @@ def test_the_deployment_side_imports_neither_torch_nor_lightning() -> None:
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_user_errors_end_a_command_in_one_place() -> None:
+    """errors.exits_on_user_error is the one block that prints a UserError and exits: no copies, and no
+    `sys.exit("error: ...")` (that exits with status 1, not 2)."""
+    package = Path(project.__file__).parent
+    printing = sorted(
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*.py")
+        if re.search(r"""error: \{user_message|sys\.exit\(f?["']""", path.read_text())
+    )
+    assert printing == ["errors.py"]

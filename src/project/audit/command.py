@@ -8,7 +8,6 @@ The parser is ProjectCLI's own, built without subcommands (LightningCLI's run=Fa
 from __future__ import annotations
 
 import importlib.util
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from project.audit.report import Findings, summary, write_clean_list, write_find
 from project.cli import ProjectCLI, config_folder, packaged_configs
 from project.config_checks import check_cli_config, positive_int, require
 from project.data.dataset import ImageDataset
-from project.errors import UserError, user_message
+from project.errors import UserError, exits_on_user_error
 from project.runs import LOGS, lock_run, new_run_name
 
 # fit's Trainer options that also shape the fold runs; devices, logger and checkpoints are the audit's
@@ -270,12 +269,9 @@ def require_cleanlab() -> None:
         )
 
 
+@exits_on_user_error
 def main(argv: list[str]) -> None:
-    """Entry point of `python -m project audit`: user mistakes end in one message and exit status 2."""
-    try:
-        require_cleanlab()
-        cli = AuditCLI(argv)
-        audit(cli)
-    except UserError as e:
-        print(f"error: {user_message(e)}", file=sys.stderr)
-        sys.exit(2)
+    """Entry point of `python -m project audit`."""
+    require_cleanlab()
+    cli = AuditCLI(argv)
+    audit(cli)

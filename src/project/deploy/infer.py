@@ -32,7 +32,7 @@ from project.deploy import prediction_csv
 from project.deploy import sidecar as sidecars
 from project.deploy.calibration import UNKNOWN, Calibration
 from project.deploy.sidecar import sidecar_multilabel
-from project.errors import UserError, user_message
+from project.errors import UserError, exits_on_user_error
 from project.terminal import printable
 
 
@@ -201,6 +201,7 @@ def image_files(inputs: Sequence[str]) -> list[Path]:
     return files
 
 
+@exits_on_user_error
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m project infer", description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+", help="image files or folders (searched recursively)")
@@ -221,24 +222,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         "`unknown` (default: the export's, usually 0.95; 0: never unknown)",
     )
     args = parser.parse_args(argv)
-    try:
-        if args.top_k < 1:  # 0 wrote rows without a class; -1 dropped the last one
-            raise UserError(
-                f"--top_k {args.top_k} is not a number of classes to list: it must be 1 or more.",
-                "pass e.g. --top_k 5 (a number above the model's classes lists them all).",
-            )
-        if args.unknown_accept is not None and not 0 <= args.unknown_accept <= 1:
-            raise UserError(
-                f"--unknown_accept {args.unknown_accept} is not a share from 0 to 1.",
-                "pass e.g. --unknown_accept 0.95, or 0 to never answer unknown.",
-            )
-        classifier = Classifier(args.model, args.threads, args.unknown_accept)
-    except UserError as e:  # a mistake in the options or the export: status 2, as the other commands
-        print(f"error: {user_message(e)}", file=sys.stderr)
-        sys.exit(2)
+    if args.top_k < 1:  # 0 wrote rows without a class; -1 dropped the last one
+        raise UserError(
+            f"--top_k {args.top_k} is not a number of classes to list: it must be 1 or more.",
+            "pass e.g. --top_k 5 (a number above the model's classes lists them all).",
+        )
+    if args.unknown_accept is not None and not 0 <= args.unknown_accept <= 1:
+        raise UserError(
+            f"--unknown_accept {args.unknown_accept} is not a share from 0 to 1.",
+            "pass e.g. --unknown_accept 0.95, or 0 to never answer unknown.",
+        )
+    classifier = Classifier(args.model, args.threads, args.unknown_accept)
     files = image_files(args.inputs)
     if not files:
-        sys.exit(f"error: no image files in {args.inputs}. Fix: pass image files or folders of images.")
+        raise UserError(f"no image files in {args.inputs}.", "pass image files or folders of images.")
     bad: list[Path] = []
 
     def skip(path: Path, error: BadImageError) -> None:  # one line each, as soon as it is met
@@ -250,11 +247,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         _print_rows(classifier, files, args.top_k, skip)
     else:
         _write_csv(classifier, files, args.top_k, skip, Path(args.output))
-    if bad:
-        sys.exit(
+    if bad:  # the run happened: status 1 (some inputs failed), not 2 (nothing done, a mistake to fix)
+        print(
             f"error: {len(bad)} of {len(files)} files could not be classified (each named above); "
-            f"the other {len(files) - len(bad)} were. Fix: replace or remove those files."
+            f"the other {len(files) - len(bad)} were. Fix: replace or remove those files.",
+            file=sys.stderr,
         )
+        sys.exit(1)
 
 
 def _print_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Callable) -> None:
