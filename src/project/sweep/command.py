@@ -37,7 +37,6 @@ except ImportError:  # Windows: one process per study file
 import optuna
 from optuna.trial import TrialState
 
-from project.callbacks.sweep_trial import ENV, PRUNED_AT
 from project.errors import UserError, exits_on_user_error
 from project.runs import CHECKPOINTS, LOGS
 from project.sweep.options import check_space_keys, fit_options
@@ -52,8 +51,9 @@ from project.sweep.settings import (
     suggest,
 )
 from project.sweep.summary import summarize
+from project.sweep.trial import ENV, PRUNED_AT
 
-CALLBACK = "project.callbacks.sweep_trial.SweepTrial"
+CALLBACK = "project.sweep.trial.SweepTrial"
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
 MAX_FAILURES = 3  # trials in a row that crash: stop instead of burning the whole budget
 
