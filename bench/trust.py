@@ -38,7 +38,7 @@ from project.calibrate import separation
 from project.data.index import list_images
 from project.data.shapes import generate_shapes
 from project.deploy import calibration
-from project.deploy.infer import Classifier
+from project.deploy.classifier import Classifier
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}

@@ -33,7 +33,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
-from project.deploy.infer import Classifier
+from project.deploy.classifier import Classifier
 from project.deploy.serve import app as serve_app
 from project.deploy.serve.app import Prepared, Settings, run_batch
 from project.deploy.serve.batching import Batcher

@@ -25,7 +25,7 @@ from project import calibrate
 from project.atomic import atomic_files, atomic_symlink
 from project.data.dataset import ImageDataset, collate_skipping_none
 from project.data.transforms import eval_transform
-from project.deploy.infer import sidecar_multilabel
+from project.deploy.sidecar import sidecar_multilabel
 from project.errors import UserError
 
 CALIBRATION_IMAGES = 256

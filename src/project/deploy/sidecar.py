@@ -4,7 +4,7 @@ A sidecar may come from another machine or be edited by hand, and a wrong value 
 loudly later: a negative temperature inverts the ranking, a NaN threshold answers every image
 `unknown`, a string where the class names belong lists its letters as classes. `load` refuses
 each such value with one message naming the file and the key; whether the class names fit the
-model's outputs is checked where the model is loaded (`project.deploy.infer.Classifier`).
+model's outputs is checked where the model is loaded (`project.deploy.classifier.Classifier`).
 """
 
 from __future__ import annotations
