@@ -187,7 +187,7 @@ def test_no_import_cycles_between_the_rooms_of_the_package() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "project":
-                names = [f"project.{a.name}" for a in node.names]  # from project import memory, tuning
+                names = [f"project.{a.name}" for a in node.names]  # from project import memory_budget, tuning
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
             for name in names:

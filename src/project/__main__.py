@@ -1,6 +1,9 @@
 """The one entry point, of `python -m project ...` and of the installed `project` script: dispatch only.
 
-infer, serve, report, new, doctor and sweep skip LightningCLI (and most of them torch): they go first.
+infer, serve, report, doctor, new, sweep and audit have a module of their own and skip the training CLI
+(most of them torch too): they go first. Everything else is a LightningCLI subcommand of project.cli:
+fit, validate, test, predict and the Trainer's export, memory, lr_find and batch_size_find. Every
+command's main ends a user's mistake the same way (project.errors.exits_on_user_error).
 """
 
 from __future__ import annotations
