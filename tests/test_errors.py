@@ -62,7 +62,7 @@ print(json.dumps(outcomes))
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Each command's exit status and output, run in a fresh folder (a mistaken fit leaves nothing here)."""
+    """Each command's exit status and output, run in a folder of their own (for what they may write there)."""
     result = subprocess.run(
         [sys.executable, "-c", DRIVER, json.dumps(MISTAKES)],
         cwd=tmp_path_factory.mktemp("commands"),
