@@ -176,22 +176,22 @@ def test_user_errors_end_a_command_in_one_place() -> None:
 def test_no_import_cycles_between_the_rooms_of_the_package() -> None:
     """A room is a top-level module (cli, model, trainer, ...) or a subpackage (data, deploy, callbacks,
     sweep, audit); its imports, those inside functions included, never lead back to it through other rooms."""
-    package = Path(project.__file__).parent
+    package, top = Path(project.__file__).parent, project.__name__
 
-    def room(name: str) -> str:  # project.data.index -> data; project.cli -> cli
+    def room(name: str) -> str:  # <package>.data.index -> data; <package>.cli -> cli
         return name.split(".")[1] if name.count(".") else name
 
     graph: dict[str, set[str]] = {}
     for path in package.rglob("*.py"):
-        source = room(".".join(("project", *path.relative_to(package).with_suffix("").parts)))
+        source = room(".".join((top, *path.relative_to(package).with_suffix("").parts)))
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "project":
-                names = [f"project.{a.name}" for a in node.names]  # from project import memory_budget, tuning
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == top:
+                names = [f"{top}.{a.name}" for a in node.names]  # the modules of `from <package> import a, b`
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
             for name in names:
-                if name.startswith("project.") and room(name) != source:
+                if name.startswith(f"{top}.") and room(name) != source:
                     graph.setdefault(source, set()).add(room(name))
 
     def cycle_from(start: str) -> list[str] | None:  # depth-first: the first path back to start
