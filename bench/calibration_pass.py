@@ -25,11 +25,12 @@ import onnxruntime as ort
 import torch
 from torch.utils.data import DataLoader
 
-from project.calibrate import collect_logits, validation_loader
 from project.data.datamodule import ImageDataModule
 from project.data.dataset import ImageDataset
 from project.data.transforms import eval_transform
-from project.export import Deployable, _dynamic_batch, _example, _write_onnx
+from project.export.deployable import Deployable, dynamic_batch, example_batch
+from project.export.fit_calibration import collect_logits, validation_loader
+from project.export.onnx_target import write_torch_export
 from project.model import ImageClassifier
 
 
@@ -46,9 +47,11 @@ def main() -> None:
     data.setup("fit")
     model = ImageClassifier(num_classes=data.num_classes, backbone=args.backbone, image_size=args.image_size)
     deployable = Deployable(model).eval()
-    program = torch.export.export(deployable, (_example(args.image_size),), dynamic_shapes=_dynamic_batch())
+    program = torch.export.export(
+        deployable, (example_batch(args.image_size),), dynamic_shapes=dynamic_batch()
+    )
     onnx = Path(tempfile.mkdtemp()) / "model.onnx"
-    _write_onnx(program, args.image_size, onnx, 18)  # as the export writes it
+    write_torch_export(program, args.image_size, onnx, 18)  # as the export writes it
     session = ort.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
 
     def shipped() -> torch.Tensor:

@@ -17,7 +17,8 @@ from pathlib import Path
 import onnxruntime as ort
 import torch
 
-from project.export import Deployable, _dynamic_batch, _example, _write_onnx
+from project.export.deployable import Deployable, dynamic_batch, example_batch
+from project.export.onnx_target import write_torch_export
 from project.model import ImageClassifier
 
 CASES = [("mobilenet_v3_small", 64), ("resnet18", 224)]
@@ -39,13 +40,13 @@ def main() -> None:
         model = Deployable(ImageClassifier(num_classes=10, backbone=backbone, scheduler=None)).eval()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.onnx"
-            program = torch.export.export(model, (_example(size),), dynamic_shapes=_dynamic_batch())
-            _write_onnx(program, size, path, opset=18)
+            program = torch.export.export(model, (example_batch(size),), dynamic_shapes=dynamic_batch())
+            write_torch_export(program, size, path, opset=18)
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
             session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         for batch, reps in BATCHES.items():
-            e, o = compare(model, session, _example(size, batch), reps)
+            e, o = compare(model, session, example_batch(size, batch), reps)
             print(f"| {backbone} {size}px | {batch} | {e:.1f} | {o:.1f} | {e / o:.2f} |")
 
 

@@ -3,8 +3,8 @@
     python bench/onnx_exporters.py [--rounds 3] [--runs 40]
 
 For each network (random weights, the exported module `Deployable`: uint8 in, logits out):
-- export time: `export._write_onnx_torchscript` (what `export_checkpoint` tries first) against
-  `export._write_onnx` from the torch.export program (its fallback), alternating `--rounds` times
+- export time: `onnx_target.write_torchscript` (what `export_checkpoint` tries first) against
+  `onnx_target.write_torch_export` from the torch.export program (its fallback), alternating `--rounds` times
   in this process (the first round of each includes its one-time costs, as in a fit's single
   export; the median is printed and the first round separately);
 - latency: both files in onnxruntime (CPU, 2 threads), batch 1 and 32, `--runs` runs alternating
@@ -25,7 +25,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from project.export import Deployable, _dynamic_batch, _example, _write_onnx, _write_onnx_torchscript
+from project.export.deployable import Deployable, dynamic_batch, example_batch
+from project.export.onnx_target import write_torch_export, write_torchscript
 from project.model import ImageClassifier
 
 NETWORKS = (("mobilenet_v3_small", 64), ("resnet18", 32), ("resnet18", 224))
@@ -38,14 +39,14 @@ def timed(fn, *args) -> float:
 
 
 def dynamo_export(model: torch.nn.Module, size: int, path: Path) -> None:
-    program = torch.export.export(model, (_example(size),), dynamic_shapes=_dynamic_batch())
-    _write_onnx(program, size, path, 18)
+    program = torch.export.export(model, (example_batch(size),), dynamic_shapes=dynamic_batch())
+    write_torch_export(program, size, path, 18)
 
 
 def export_seconds(model: torch.nn.Module, size: int, paths: dict[str, Path], rounds: int) -> dict[str, list]:
     writers = {
         "torch.export": dynamo_export,
-        "torchscript": lambda m, s, p: _write_onnx_torchscript(m, s, p, 18),
+        "torchscript": lambda m, s, p: write_torchscript(m, s, p, 18),
     }
     seconds: dict[str, list[float]] = {k: [] for k in writers}
     for r in range(rounds):

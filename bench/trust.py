@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from project.calibrate import separation
 from project.data.index import list_images
 from project.data.shapes import generate_shapes
 from project.deploy import calibration
 from project.deploy.classifier import Classifier
+from project.export.fit_calibration import separation
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}

@@ -7,7 +7,13 @@ import csv
 import hashlib
 import io
 import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +23,11 @@ from PIL import Image
 from project.audit.command import check_clean_path, main
 from project.audit.data import AuditDataModule
 from project.audit.duplicates import Thresholds, find_duplicates
+from project.audit.folds import Recipe
 from project.audit.images import phash
 from project.audit.labels import find_label_issues
 from project.audit.report import chance_warning
+from project.audit.timing import CPU_BUDGET_S, StepTime, default_folds, plan_folds
 from project.data.shapes import CLASSES
 from project.errors import UserError
 from tests.helpers import exit_status
@@ -316,3 +324,80 @@ def test_names_that_a_spreadsheet_would_evaluate_are_written_as_text(
     assert (f"'{formula}/00000.jpg", f"'{formula}") in cells
     assert ("plain/=1+2.jpg", "plain") in cells
     assert not any(v.startswith(("=", "+", "-", "@")) for r in rows for v in r.values())
+
+
+def test_the_audit_says_how_long_it_will_take_before_training(audited: dict) -> None:
+    """74 readable images, 2 folds of 37: the plan and its estimate from a measured step, before training."""
+    lines = audited["stdout"].splitlines()
+    plan = next(i for i, line in enumerate(lines) if line.startswith("Training 2 folds x 1 epoch on 37 "))
+    assert lines[plan - 1] == "Timing a few training steps..."
+    assert re.fullmatch(
+        r"Training 2 folds x 1 epoch on 37 images each: about \d+ (s|min) \(until \d\d:\d\d; measured "
+        r"\d+\.\d\d s per batch of 16 on the CPU\)\.",
+        lines[plan],
+    )
+    assert lines[plan + 1].startswith("Audited 74 images")
+
+
+def recipe(batch_size: int = 32) -> Recipe:
+    return Recipe({}, epochs=0, batch_size=batch_size, num_workers=0, seed=0, progress=False)
+
+
+def test_the_estimate_counts_steps_epochs_folds_and_prediction() -> None:
+    step = StepTime(0.5, 32, on_cpu=False, epoch_start=1.0, fold_start=4.0)
+    plan = plan_folds(step, 5, None, 10, 320, 400, recipe())  # 5 folds of 320 (of 400), the rule's 10 epochs
+    assert plan.epochs == 10  # an accelerator keeps the rule
+    # per fold: start 4 s + 10 epochs x (1 s + 10 batches x 0.5 s) + predicting 13 batches (1 + 13 x 0.5 / 3)
+    assert plan.seconds() == pytest.approx(5 * (4 + 10 * (1 + 5) + 1 + 13 * 0.5 / 3))
+    text = plan.describe(now=datetime(2026, 1, 1, 12, 0))
+    assert text == (
+        "Training 5 folds x 10 epochs on 320 images each: about 6 min (until 12:05; measured 0.50 s per "
+        "batch of 32 on the accelerator)."
+    )
+
+
+def test_on_a_cpu_the_default_folds_and_epochs_fit_the_budget_and_given_values_are_kept() -> None:
+    assert (default_folds(on_cpu=True), default_folds(on_cpu=False)) == (3, 5)
+    slow = StepTime(2.0, 32, on_cpu=True, epoch_start=1.0, fold_start=5.0)  # 3 batches an epoch: 7 s
+    plan = plan_folds(slow, 3, None, 15, 100, 150, recipe())  # 3 folds of 100 (of 150), the rule's 15 epochs
+    assert plan.epochs == 12 and plan.seconds() <= CPU_BUDGET_S < plan.seconds() + 3 * 7  # one more: over
+    text = plan.describe()
+    assert "On a CPU the default is 12 epochs instead of 15, to stay near 5 min; --epochs=15 trains" in text
+    given = plan_folds(slow, 3, 15, 15, 100, 150, recipe())
+    assert given.epochs == 15 and "instead of" not in given.describe()
+    fast = StepTime(0.1, 32, on_cpu=True)
+    assert plan_folds(fast, 3, None, 15, 100, 150, recipe()).epochs == 15  # fits: the rule's epochs
+    huge = plan_folds(slow, 3, None, 15, 2867, 4300, recipe())  # thousands of photos on a slow CPU
+    assert huge.epochs == 3  # never below the rule's minimum: the models would learn nothing
+    text = huge.describe()
+    assert "about 32 min" in text and "Shorter: --folds=2, a smaller --data.image_size" in text
+
+
+@pytest.mark.slow
+def test_the_first_ctrl_c_stops_the_audit_at_once_leaving_nothing_half_written(
+    audited: dict, tmp_path: Path
+) -> None:
+    """SIGINT to the process group (as a terminal sends it) while the folds train with 2 loader workers."""
+    data, keep = audited["data"], tmp_path / "keep.txt"
+    args = [f"--data.root={data}", *TINY, "--epochs=500", "--data.num_workers=2", "--name=s"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "project", "audit", *args, f"--write_clean={keep}"]
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    assert process.stdout is not None
+    for line in process.stdout:  # the folds have started training
+        if line.startswith(b"Training 2 folds x 500 epochs"):
+            break
+    time.sleep(1.0)
+    os.killpg(process.pid, signal.SIGINT)
+    signalled = time.monotonic()
+    out, err = process.communicate(timeout=60)
+    assert time.monotonic() - signalled < 10, "the first Ctrl-C did not stop the audit promptly"
+    assert process.returncode == 130, err.decode()
+    assert err.decode().strip().splitlines()[-1].startswith("Stopped by Ctrl-C. Nothing is half-written")
+    assert b"Traceback" not in err + out
+    run = tmp_path / "logs" / "s"
+    assert [p.name for p in run.iterdir()] == [".lock"]  # no audit/, no hidden staging folder
+    assert not keep.exists() and list(tmp_path.glob(".keep.txt*")) == []
+    assert fingerprint(data) == audited["before"]

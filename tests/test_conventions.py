@@ -90,7 +90,7 @@ def test_imports_follow_the_layers() -> None:
     package = Path(project.__file__).parent
     upward = [
         path.relative_to(package).as_posix()
-        for path in [*package.glob("callbacks/*.py"), package / "export.py"]
+        for path in [*package.glob("callbacks/*.py"), *package.glob("export/*.py")]
         if re.search(
             r"^from project(\.trainer|\.cli)? import (trainer|cli)\b|^from project\.(trainer|cli) import",
             path.read_text(),

@@ -18,10 +18,11 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from project import calibrate, export, quantize
+from project import export
 from project.data.datamodule import ImageDataModule
 from project.data.shapes import CLASSES
-from project.export import ExportError, export_checkpoint, verification_batches, verify
+from project.export import ExportError, export_checkpoint, onnx_target, quantize, verification_batches, verify
+from project.export import fit_calibration as calibrate
 from tests.helpers import fast_args, run_cli
 
 SIDECAR_KEYS = {
@@ -62,6 +63,15 @@ def test_fit_hook_exports_the_best_checkpoint(trained: Path) -> None:
     for fmt in ("onnx", "pt2", "json"):
         target = os.readlink(folder / f"latest.{fmt}")
         assert target.startswith("x-val_acc=") and target.endswith(f".{fmt}") and (folder / target).is_file()
+
+
+def test_the_sidecar_is_versioned_and_reads_back_whole(trained: Path) -> None:
+    from project.deploy.sidecar import VERSION, Sidecar
+
+    path = run_dir(trained) / "latest.json"
+    written = json.loads(path.read_text())
+    assert written["version"] == VERSION == 1
+    assert Sidecar.load(path).to_dict() == written
 
 
 def test_the_torchscript_exporter_goes_first_and_torch_export_stands_in_for_it(
@@ -109,7 +119,7 @@ def test_tampered_export_fails_verification(trained: Path, tmp_path: Path) -> No
     with pytest.raises(
         ExportError, match=r"verification failed \(onnxruntime on random-1: max \|logit diff\|"
     ):
-        verify(model, bad, folder / "latest.pt2", verification_batches(32, 0.875, []))
+        verify(model, {"onnx": bad, "pt2": folder / "latest.pt2"}, verification_batches(32, 0.875, []))
 
 
 def test_failed_verification_leaves_nothing(
@@ -118,8 +128,8 @@ def test_failed_verification_leaves_nothing(
     folder = run_dir(trained)
     bad = tampered_copy(folder / "latest.onnx", tmp_path / "bad.onnx")
     write_bad = lambda *args: bool(args[2].write_bytes(bad.read_bytes()))  # noqa: E731
-    monkeypatch.setattr(export, "_write_onnx_torchscript", write_bad)  # fails verification, and so
-    monkeypatch.setattr(export, "_write_onnx", write_bad)  # does the fallback's file
+    monkeypatch.setattr(onnx_target, "write_torchscript", write_bad)  # fails verification, and so
+    monkeypatch.setattr(onnx_target, "write_torch_export", write_bad)  # does the fallback's file
     before = {p.name: os.readlink(p) if p.is_symlink() else None for p in folder.iterdir()}
     with pytest.raises(ExportError, match="no file was kept"):
         export_checkpoint(folder / "last.ckpt")
@@ -263,12 +273,12 @@ def test_verification_follows_the_logits_scale_and_still_catches_defects(
     weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.01, weight.name))
     onnx.save(source, str(model_file))
     with pytest.raises(ExportError, match="verification failed"):
-        verify(model, model_file, exported.pt2, batches)
+        verify(model, {"onnx": model_file, "pt2": exported.pt2}, batches)
     wrong = export.Deployable(export.load_for_export(torch.load(big, weights_only=False))).eval()
     wrong.normalize = type(model.normalize)((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-    assert export._write_onnx_torchscript(wrong, 32, tmp_path / "wrong-norm.onnx", 18)
+    assert onnx_target.write_torchscript(wrong, 32, tmp_path / "wrong-norm.onnx", 18)
     with pytest.raises(ExportError, match="verification failed"):
-        verify(model, tmp_path / "wrong-norm.onnx", exported.pt2, batches)
+        verify(model, {"onnx": tmp_path / "wrong-norm.onnx", "pt2": exported.pt2}, batches)
 
 
 def test_calibration_refuses_to_flatten_a_near_chance_model(
@@ -296,3 +306,94 @@ def test_calibration_refuses_to_flatten_a_near_chance_model(
         f"Calibration skipped: the fitted temperature reached {calibrate.MAX_TEMPERATURE:g}, the upper bound"
         in out
     )
+
+
+def test_the_export_command_and_the_end_of_fit_export_take_the_same_options() -> None:
+    from dataclasses import fields
+
+    from jsonargparse import ArgumentParser
+
+    from project.callbacks import ExportBest
+    from project.errors import UserError
+    from project.export import ExportOptions
+    from project.trainer import Trainer
+
+    command, callback = ArgumentParser(), ArgumentParser()
+    command.add_method_arguments(Trainer, "export", skip={"model", "datamodule"})
+    callback.add_class_arguments(ExportBest)
+    flags = ["--opset=17", "--unknown_accept=0.9", "--unknown_score=max_probability", "--quantize=int8"]
+    parsed = command.parse_args([*flags, "--calibrate=false", "--ckpt_path=x.ckpt"])
+    chosen = ExportOptions(17, 0.9, "max_probability", "int8", calibrate=False)
+    assert {k: v for k, v in vars(parsed).items() if k not in ("ckpt_path", "output_dir")} == vars(chosen)
+    built = ExportBest(**vars(callback.parse_args([*flags, "--calibrate=false"])))
+    assert built.options == chosen and built.enabled
+    assert {f.name for f in fields(ExportOptions)} == set(vars(callback.parse_args([]))) - {"enabled"}
+    with pytest.raises(UserError, match=r"unknown_accept=1.5 is not a share from 0 to 1"):
+        ExportBest(unknown_accept=1.5)  # refused when fit starts, not when it ends
+
+
+def test_each_optional_target_is_a_format_value() -> None:
+    from typing import get_args
+
+    from project.export import TARGETS
+    from project.export.options import Format
+
+    assert set(get_args(Format)) == {"onnx"} | {t.name for t in TARGETS.values() if t.optional}
+
+
+def test_format_openvino_writes_a_verified_ir_beside_the_onnx(
+    trained: Path, shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("openvino")
+    from project.deploy.openvino_runtime import OpenVINOSession
+
+    monkeypatch.chdir(trained)
+    args = [f"--ckpt_path={run_dir(trained) / 'last.ckpt'}", f"--data.root={shapes_root}"]
+    args += ["--data.num_workers=0", f"--output_dir={tmp_path}", "--calibrate=false"]
+    assert run_cli("export", *args, "--format=openvino") == 0
+    meta = json.loads((tmp_path / "latest.json").read_text())
+    stem = Path(meta["files"]["onnx"]).stem
+    assert meta["files"]["openvino"] == f"{stem}.xml" and "openvino" in meta["versions"]
+    for ext in ("xml", "bin"):  # beside the ONNX file, each with its latest link
+        assert os.readlink(tmp_path / f"latest.{ext}") == f"{stem}.{ext}"
+    # float32 weights, as verified (save_model's default would halve them to float16)
+    assert (tmp_path / f"{stem}.bin").stat().st_size > 0.9 * (tmp_path / f"{stem}.onnx").stat().st_size
+    results = meta["verification"]["results"]
+    assert set(results) == {"onnxruntime", "pt2", "openvino"}
+    assert set(results["openvino"]) == {"random-1", "random-7", "real-1", "real-7"}
+    assert all(r["max_abs_diff"] <= r["bound"] and r["top1_equal"] for r in results["openvino"].values())
+    images = np.random.default_rng(3).integers(0, 256, (5, 3, 32, 32), dtype=np.uint8)
+    by_ir = OpenVINOSession(tmp_path / "latest.xml").run(["logits"], {"images": images})[0]
+    session = ort.InferenceSession(str(tmp_path / "latest.onnx"), providers=["CPUExecutionProvider"])
+    by_onnx = session.run(["logits"], {"images": images})[0]
+    assert by_ir.shape == (5, 6)
+    assert np.abs(by_ir - by_onnx).max() <= export.ATOL + export.RTOL * np.abs(by_onnx).max()
+
+
+def test_an_ir_that_disagrees_with_pytorch_fails_verification(trained: Path, tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    from project.export import openvino_target
+
+    folder = run_dir(trained)
+    bad = tampered_copy(folder / "latest.onnx", tmp_path / "bad.onnx")
+    openvino_target.write_ir(bad, tmp_path / "bad.xml", tmp_path / "bad.bin")
+    checkpoint = torch.load(folder / "last.ckpt", map_location="cpu", weights_only=True)
+    model = export.Deployable(export.load_for_export(checkpoint)).eval()
+    batches = verification_batches(32, 0.875, [])
+    with pytest.raises(ExportError, match=r"verification failed \(openvino on random-1: max \|logit diff\|"):
+        verify(model, {"openvino": tmp_path / "bad.xml"}, batches)
+
+
+def test_format_openvino_without_openvino_is_one_message_and_writes_nothing(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    monkeypatch.chdir(trained)
+    args = [f"--ckpt_path={run_dir(trained) / 'last.ckpt'}", f"--output_dir={tmp_path / 'out'}"]
+    assert run_cli("export", *args, "--format=openvino") == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: `export --format openvino` needs the `openvino` package, which is not installed. "
+        "Fix: install it with `pip install openvino` (in a clone of this project: "
+        "`pip install -e '.[openvino]'`)."
+    ]
+    assert not (tmp_path / "out").exists()

@@ -11,7 +11,6 @@ import pytest
 import torch
 from PIL import Image
 
-from project import calibrate
 from project.data.shapes import CLASSES
 from project.deploy import calibration
 from project.deploy.calibration import Calibration
@@ -19,6 +18,7 @@ from project.deploy.classifier import Classifier
 from project.deploy.infer import main as infer_main
 from project.deploy.serve.app import Prepared, answer, run_batch
 from project.deploy.serve.models import load_model
+from project.export import fit_calibration as calibrate
 from project.report import write_reliability
 from tests.helpers import fast_args, run_cli
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
+from project.errors import UserError, exits_on_user_error
+
 # command -> module whose main(argv) runs it; everything else is a LightningCLI subcommand (project.cli)
 COMMANDS = {
     "infer": "project.deploy.infer",
@@ -23,14 +25,24 @@ COMMANDS = {
 }
 
 
+@exits_on_user_error
 def main() -> None:
     command = sys.argv[1] if len(sys.argv) > 1 else None
+    try:
+        run = import_module(COMMANDS.get(command, f"{__package__}.cli")).main
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith(f"{__package__}."):
+            raise
+        # the serving install (deploy/pyproject.toml) ships project.deploy and the modules it needs only
+        raise UserError(
+            f"`{command or 'fit'}` is not part of this install, which runs only `infer` and `serve` "
+            "(the serving install, without torch).",
+            "install the training package (pip install . in a checkout) on a machine that trains.",
+        ) from None
     if command in COMMANDS:
-        import_module(COMMANDS[command]).main(sys.argv[2:])
+        run(sys.argv[2:])
     else:
-        from project.cli import main as cli_main
-
-        cli_main()
+        run()  # LightningCLI reads sys.argv itself
 
 
 if __name__ == "__main__":

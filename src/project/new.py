@@ -101,6 +101,7 @@ def renamer(old: str, new: str) -> list[tuple[re.Pattern[str], str]]:
         (re.compile(rf"^{o}( = )", re.MULTILINE), rf"{new}\1"),  # pyproject [project.scripts] entry
         (re.compile(rf"^# {o}:", re.MULTILINE), f"# {new}:"),  # README title
         (re.compile(rf"`{o}(?=[`\s])"), f"`{new}"),  # the console script in prose: `project`, `project fit`
+        (re.compile(rf"(?<![\w./-]){o}(?=-deploy\b)"), new),  # the serving install's distribution name
     ]
 
 
@@ -241,10 +242,11 @@ def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE
     staging.chmod(0o777 & ~current_umask())
     try:
         for rel in files:
-            target = staging / re.sub(rf"^src/{re.escape(old)}/", f"src/{name}/", rel)
+            # src/<old>/ and deploy/src/<old>/ (the serving install's links into src/<old>/)
+            target = staging / re.sub(rf"(^|/)src/{re.escape(old)}/", rf"\1src/{name}/", rel)
             target.parent.mkdir(parents=True, exist_ok=True)
             if internal_link(root / rel, root):
-                target.symlink_to(os.readlink(root / rel))
+                target.symlink_to(rename_text(os.readlink(root / rel), rules))
                 continue
             data = (root / rel).read_bytes()
             try:
@@ -290,10 +292,34 @@ def installed_template(package_dir: Path = PACKAGE_DIR) -> Iterator[Path]:
             (src / "template" / entry.name).symlink_to(
                 Path("..", "..", "..", RENAMED.get(entry.name, entry.name))
             )
+        relink_serving_modules(root, package_dir.name)
         for kept in KEEP_ONLY_GITKEEP:
             (root / kept).mkdir()
             (root / kept / ".gitkeep").touch()
         yield root
+
+
+def relink_serving_modules(root: Path, package: str) -> None:
+    """deploy/src/<package> (the serving install) links into src/<package> in a checkout; a wheel holds
+    copies of what they point to: each copy of a whole file or folder of src/<package> is a link again."""
+
+    def relink(folder: Path, depth: int) -> None:
+        for entry in sorted(folder.iterdir()):
+            rel = entry.relative_to(root / "deploy" / "src" / package)
+            original = root / "src" / package / rel
+            whole = entry.is_file() or sorted(_walk(entry)) == sorted(_walk(original))
+            if original.exists() and whole:
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+                entry.symlink_to(Path(*[".."] * depth, "src", package, rel))
+            elif entry.is_dir():
+                relink(entry, depth + 1)
+
+    served = root / "deploy" / "src" / package
+    if served.is_dir():
+        relink(served, 3)
 
 
 CACHES = shutil.ignore_patterns("__pycache__", "*.pyc")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import html
 import io
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from matplotlib.figure import Figure
 
 from project import figures
 from project.atomic import atomic_write
+from project.deploy.sidecar import Sidecar
 from project.errors import UserError, exits_on_user_error
 from project.runs import CHECKPOINTS, LOGS
 
@@ -218,21 +218,25 @@ def report(run: str, output: str | None = None) -> Path:
 
 
 def write_reliability(sidecar: Path, png: Path) -> bool:
-    """The reliability diagram of the export `sidecar` describes, at `png`; False when it has none."""
-    try:
-        meta = json.loads(sidecar.read_text())
-        bins = meta["reliability"]
-    except (OSError, ValueError, KeyError, TypeError):
+    """The reliability diagram of the export `sidecar` describes, at `png`; False when it has none.
+
+    A sidecar whose values do not hold (`project.deploy.sidecar.check`) is a UserError naming the key.
+    """
+    if not sidecar.is_file():
+        return False
+    export = Sidecar.load(sidecar)
+    if export.reliability is None:
         return False
     image = io.BytesIO()
     with figures.plain_text():
-        draw_reliability(bins, meta).savefig(image, format="png")
+        draw_reliability(export).savefig(image, format="png")
     atomic_write(png, image.getbuffer())
     return True
 
 
-def draw_reliability(reliability: dict, meta: dict) -> Figure:
+def draw_reliability(export: Sidecar) -> Figure:
     """Accuracy against confidence per bin, before and after the temperature (the diagonal is perfect)."""
+    reliability, meta = export.reliability or {}, export.to_dict()
     figure = Figure(figsize=(10, 4.8), dpi=100, layout="constrained")
     edges = np.linspace(0, 1, int(reliability["bins"]) + 1)
     for i, (key, title) in enumerate((("before", "softmax"), ("after", "calibrated"))):
@@ -250,7 +254,7 @@ def draw_reliability(reliability: dict, meta: dict) -> Figure:
         ax.legend(fontsize=8, loc="upper left")
     figure.suptitle(
         f"reliability on {meta.get('calibration_images', '?')} validation images, "
-        f"temperature {float(meta.get('temperature', 1.0)):.3f}",
+        f"temperature {export.temperature:.3f}",
         fontsize=11,
     )
     return figure

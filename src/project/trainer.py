@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -16,7 +16,6 @@ from typing_extensions import override
 
 from project import memory_budget, tuning
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
-from project.deploy.calibration import DEFAULT_ACCEPT
 from project.errors import UserError
 from project.export import export_checkpoint, validation_images
 
@@ -129,11 +128,7 @@ class Trainer(L.Trainer):
         datamodule: L.LightningDataModule | None = None,
         ckpt_path: str | None = None,
         output_dir: str | None = None,
-        opset: int = 18,
-        unknown_accept: float | None = DEFAULT_ACCEPT,
-        unknown_score: Literal["energy", "max_probability"] = "energy",
-        quantize: Literal["int8"] | None = None,
-        calibrate: bool = True,
+        **options: Any,
     ) -> None:
         """Export a checkpoint to ONNX and .pt2, verified against PyTorch, with a JSON sidecar.
 
@@ -143,28 +138,15 @@ class Trainer(L.Trainer):
                 to fit the temperature and to choose the unknown threshold.
             ckpt_path: The checkpoint to export.
             output_dir: Where to write; default: next to the checkpoint.
-            opset: ONNX opset version.
-            unknown_accept: Share of validation images the unknown threshold accepts; below it
-                infer/serve/predict answer `unknown`. 0 or null: no rejection.
-            unknown_score: What the threshold applies to: `energy` or `max_probability`.
-            quantize: `int8`: also write `<name>-int8.onnx` (static quantization), measured against
-                the float model.
-            calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
-                `unknown`).
+            options: The fields of `project.export.ExportOptions` (`--opset`, `--quantize`, ...).
         """
         images = validation_images(datamodule)
         result = export_checkpoint(
-            ckpt_path,
-            images=images,
-            output_dir=output_dir,
-            opset=opset,
-            datamodule=datamodule,
-            unknown_accept=unknown_accept,
-            unknown_score=unknown_score,
-            quantize=quantize,
-            calibrate=calibrate,
+            ckpt_path, images=images, output_dir=output_dir, datamodule=datamodule, **options
         )
-        print(f"Exported {result.onnx}\n         {result.pt2}\n         {result.sidecar}")
+        print(
+            "Exported " + "\n         ".join(str(path) for path in [*result.files.values(), result.sidecar])
+        )
 
 
 @contextmanager

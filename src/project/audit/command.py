@@ -8,10 +8,14 @@ The parser is ProjectCLI's own, built without subcommands (LightningCLI's run=Fa
 from __future__ import annotations
 
 import importlib.util
+import signal
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Subset
 from typing_extensions import override
 
@@ -22,6 +26,8 @@ from project.audit.images import read_images
 from project.audit.labels import find_label_issues
 from project.audit.outliers import outlier_percentiles
 from project.audit.report import Findings, summary, write_clean_list, write_findings
+from project.audit.stop import Stopped, raise_if_stopped, stop_on_ctrl_c
+from project.audit.timing import default_folds, measure_step, plan_folds, runs_on_cpu
 from project.cli import ProjectCLI, config_folder, packaged_configs
 from project.config_checks import check_cli_config, positive_int, require
 from project.data.dataset import ImageDataset
@@ -67,16 +73,16 @@ class AuditCLI(ProjectCLI):
         super().add_arguments_to_parser(parser)
         parser.add_argument(
             "--folds",
-            type=int,
-            default=5,
-            help="Folds: each image is predicted by a model trained on the others.",
+            type=int | None,
+            default=None,
+            help="Folds: each image is predicted by a model trained on the others; default: 5, on a CPU 3.",
         )
         parser.add_argument(
             "--epochs",
             type=int | None,
             default=None,
-            help="Epochs per fold; default: "
-            "sized for the data (about 8,000 training images seen per fold, 3 to 15).",
+            help="Epochs per fold; default: sized for the data (about 8,000 training images seen per fold, "
+            "3 to 15), on a CPU lowered (not below 3) to train for about 5 minutes by a measured step time.",
         )
         parser.add_argument(
             "--hash_distance",
@@ -134,7 +140,8 @@ class AuditCLI(ProjectCLI):
 
 
 def check_audit_options(config: Any) -> None:
-    require(isinstance(config.folds, int) and config.folds >= 2, "folds", config.folds, "an integer >= 2")
+    if config.folds is not None:
+        require(isinstance(config.folds, int) and config.folds >= 2, "folds", config.folds, "an integer >= 2")
     if config.epochs is not None:
         positive_int("epochs", config.epochs)
     require(0 <= config.hash_distance <= 64, "hash_distance", config.hash_distance, "an integer in [0, 64]")
@@ -178,26 +185,32 @@ def audit(cli: AuditCLI) -> Findings:
     print(f"Reading {len(index):,} images of {data.num_classes} classes from '{data.root}' (read only)...")
     images = read_images(index, side, data.num_workers)
     good = images.good
-    if len(good) < 2 * config.folds:
-        raise UserError(
-            f"Only {len(good)} readable images in '{data.root}': too few for --folds={config.folds}.",
-            "audit a data set with at least a few images per class per fold, or lower --folds.",
-        )
-    labels = index.labels[good]
-    fold_of = make_folds(labels, config.folds, int(config.seed_everything or 0))
-    train_rows = int(len(good) * (config.folds - 1) / config.folds)
     recipe = Recipe(
         trainer_kwargs={k: config.trainer[k] for k in TRAINER_KEYS if config.trainer.get(k) is not None},
-        epochs=config.epochs or default_epochs(train_rows),
+        epochs=0,  # planned below, from a measured step time
         batch_size=data.batch_size,
         num_workers=data.num_workers,
         seed=int(config.seed_everything or 0),
         progress=config.trainer.get("enable_progress_bar") is not False,
     )
-    print(f"Training {config.folds} folds x {recipe.epochs} epochs on {train_rows:,} images each...")
+    folds = config.folds or default_folds(runs_on_cpu(recipe))
+    if len(good) < 2 * folds:
+        raise UserError(
+            f"Only {len(good)} readable images in '{data.root}': too few for --folds={folds}.",
+            "audit a data set with at least a few images per class per fold, or lower --folds.",
+        )
+    labels = index.labels[good]
+    fold_of = make_folds(labels, folds, int(config.seed_everything or 0))
+    train_rows = int(len(good) * (folds - 1) / folds)
+    train_data = Subset(ImageDataset(index, data.train_transform, cache=images.decoded), good.tolist())
+    print("Timing a few training steps...")
+    step = measure_step(cli.model, train_data, np.arange(len(good)), recipe)
+    plan = plan_folds(step, folds, config.epochs, default_epochs(train_rows), train_rows, len(good), recipe)
+    recipe = replace(recipe, epochs=plan.epochs)
+    print(plan.describe())
     outputs = train_folds(
         cli.model,
-        Subset(ImageDataset(index, data.train_transform, cache=images.decoded), good.tolist()),
+        train_data,
         Subset(ImageDataset(index, data.eval_transform, cache=images.decoded), good.tolist()),
         fold_of,
         recipe,
@@ -223,6 +236,7 @@ def audit(cli: AuditCLI) -> Findings:
         seconds=0.0,
     )
     findings.seconds = time.perf_counter() - started
+    raise_if_stopped()  # a Ctrl-C whose raise was lost (in cleanlab's pool) stops before anything is written
     write_findings(findings, out)
     if clean is not None:
         write_clean_list(findings, clean)
@@ -271,7 +285,17 @@ def require_cleanlab() -> None:
 
 @exits_on_user_error
 def main(argv: list[str]) -> None:
-    """Entry point of `python -m project audit`."""
-    require_cleanlab()
-    cli = AuditCLI(argv)
-    audit(cli)
+    """Entry point of `python -m project audit`; a first Ctrl-C stops it with nothing half-written."""
+    try:
+        with stop_on_ctrl_c():
+            require_cleanlab()
+            cli = AuditCLI(argv)
+            audit(cli)
+    except Stopped:
+        sys.stdout.flush()
+        print(
+            "\nStopped by Ctrl-C. Nothing is half-written: logs/<run>/audit/ and the --write_clean list "
+            "appear whole or not at all, and the data folder is only read.",
+            file=sys.stderr,
+        )
+        sys.exit(128 + signal.SIGINT)

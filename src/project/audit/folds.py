@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from torch.utils.data import DataLoader, Dataset, Subset
 from typing_extensions import override
 
+from project.audit.stop import StopPoint
 from project.backbones import head_of
 from project.errors import UserError
 from project.model import is_multilabel
@@ -118,9 +119,11 @@ def train_folds(
         L.seed_everything(recipe.seed + k, verbose=False)
         train_rows = np.flatnonzero(fold_of != k)
         with quiet_lightning():  # Trainer() prints its banners: made inside
-            trainer = _trainer(recipe, bar)
-            trainer.fit(fold_model, train_dataloaders=_loader(train_data, train_rows, recipe, training=True))
-            probs, feats = predict(fold_model, trainer, _loader(eval_data, np.arange(len(fold_of)), recipe))
+            trainer = fold_trainer(recipe, bar)
+            loader = fold_loader(train_data, train_rows, recipe, training=True)
+            trainer.fit(fold_model, train_dataloaders=loader)
+            every_row = fold_loader(eval_data, np.arange(len(fold_of)), recipe)
+            probs, feats = predict(fold_model, trainer, every_row)
         if probabilities is None:
             probabilities = np.zeros((len(fold_of), probs.shape[1]), dtype=np.float32)
         probabilities[held_out] = probs[held_out]
@@ -144,7 +147,10 @@ def quiet_lightning() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _trainer(recipe: Recipe, bar: FoldProgressBar | None) -> L.Trainer:
+def fold_trainer(
+    recipe: Recipe, bar: FoldProgressBar | None, *callbacks: Callback, **overrides: object
+) -> L.Trainer:
+    """A fold's trainer: the recipe's epochs; no logger, checkpoint or validation (`overrides`: others)."""
     kwargs = {
         **recipe.trainer_kwargs,
         "max_epochs": recipe.epochs,
@@ -155,14 +161,16 @@ def _trainer(recipe: Recipe, bar: FoldProgressBar | None) -> L.Trainer:
         "enable_checkpointing": False,  # the fold models are thrown away after predicting
         "enable_progress_bar": bar is not None,
         "enable_model_summary": False,
-        "callbacks": [bar] if bar is not None else [],
+        "callbacks": [StopPoint(), *callbacks, *([bar] if bar is not None else [])],
         "num_sanity_val_steps": 0,
         "limit_val_batches": 0,
+        **overrides,
     }
     return L.Trainer(**kwargs)
 
 
-def _loader(data: Dataset, rows: np.ndarray, recipe: Recipe, training: bool = False) -> DataLoader:
+def fold_loader(data: Dataset, rows: np.ndarray, recipe: Recipe, training: bool = False) -> DataLoader:
+    """The `rows` of `data` in the recipe's batches (shuffled, without a last partial batch, for training)."""
     return DataLoader(
         Subset(data, rows.tolist()),
         batch_size=recipe.batch_size,

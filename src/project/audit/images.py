@@ -16,6 +16,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
+from project.audit.stop import raise_if_stopped
 from project.data.cache import DecodedImages
 from project.data.decode import BadImageError, decode_rgb, read_file
 from project.data.index import ImageIndex
@@ -97,6 +98,7 @@ def read_images(index: ImageIndex, side: int, num_workers: int) -> AuditImages:
     shapes, digests, hashes, thumbs, bad = [], [], [], [], {}
     position = 0
     for chunk in loader:
+        raise_if_stopped()
         for image, digest, bits, thumb, reason in chunk:
             if image is None:
                 bad[position] = reason

@@ -24,8 +24,8 @@ from typing_extensions import override
 
 from project.atomic import atomic_files
 from project.deploy import prediction_csv
-from project.deploy import sidecar as sidecars
 from project.deploy.calibration import UNKNOWN, Calibration
+from project.deploy.sidecar import Sidecar, source_of
 from project.errors import UserError
 from project.model import is_multilabel, label_names
 
@@ -74,16 +74,16 @@ class PredictionWriter(BasePredictionWriter):
         self._positions, self._probabilities, self._classes, self._known = [], [], [], []
         self.calibration = Calibration()
         if not is_multilabel(pl_module):
-            meta = self._export_sidecar(trainer)
-            if meta is not None:
-                _check_classes(meta, self.sidecar, label_names(pl_module))
-                self.calibration = Calibration.from_sidecar(meta, self.unknown_accept)
+            found = self._export_sidecar(trainer)
+            if found is not None:
+                _check_classes(found, self.sidecar, label_names(pl_module))
+                self.calibration = found.calibration(self.unknown_accept)
         if self.explain_dir is not None:
             from project.explain import Explainer
 
             self._explainer = Explainer(pl_module.normalize, pl_module.net, pl_module.hparams.backbone)
 
-    def _export_sidecar(self, trainer: L.Trainer) -> dict | None:
+    def _export_sidecar(self, trainer: L.Trainer) -> Sidecar | None:
         """The sidecar to calibrate with, or None (said on stdout) when there is none."""
         if self.sidecar is None:
             return None
@@ -93,7 +93,7 @@ class PredictionWriter(BasePredictionWriter):
                     f"--predictions.sidecar '{self.sidecar}' is not a file.",
                     "pass the .json that `python -m project export` wrote beside the .onnx, or `auto`.",
                 )
-            return sidecars.load(Path(self.sidecar))  # every value checked, the key named
+            return Sidecar.load(Path(self.sidecar))  # every value checked, the key named
         found = export_of(trainer.ckpt_path)
         if found is None:
             if trainer.is_global_zero:
@@ -179,7 +179,7 @@ class PredictionWriter(BasePredictionWriter):
         return min(self.top_k, len(label_names(pl_module)))
 
 
-def export_of(ckpt_path: str | os.PathLike | None) -> dict | None:
+def export_of(ckpt_path: str | os.PathLike | None) -> Sidecar | None:
     """The sidecar of the newest float export of `ckpt_path` in its folder, or None."""
     if not ckpt_path:
         return None
@@ -190,23 +190,24 @@ def export_of(ckpt_path: str | os.PathLike | None) -> dict | None:
             continue
         try:
             meta = json.loads(path.read_text())
-            source = Path(meta["source_checkpoint"]["path"]).resolve()
-        except (ValueError, KeyError, TypeError, OSError):
+        except (ValueError, OSError):
             continue  # not a sidecar
-        if source == ckpt and (newest is None or path.stat().st_mtime > newest[0]):
+        source = source_of(meta)
+        if source is None or Path(source).resolve() != ckpt:
+            continue  # not a sidecar, or another checkpoint's
+        if newest is None or path.stat().st_mtime > newest[0]:
             newest = (path.stat().st_mtime, meta, path)
     if newest is None:
         return None
-    sidecars.check(newest[1], newest[2])  # found by its checkpoint path; every other value checked here
-    return newest[1]
+    return Sidecar.from_dict(newest[1], newest[2])  # found by its checkpoint path; every value checked here
 
 
-def _check_classes(meta: dict, sidecar: str | None, names: list[str]) -> None:
+def _check_classes(found: Sidecar, sidecar: str | None, names: list[str]) -> None:
     """A sidecar of another model would calibrate with the wrong temperature and threshold: refused."""
-    if len(meta["class_names"]) != len(names):
+    if len(found.class_names) != len(names):
         raise UserError(
             f"The export sidecar {'of the checkpoint' if sidecar == 'auto' else repr(sidecar)} names "
-            f"{len(meta['class_names'])} classes in 'class_names'; "
+            f"{len(found.class_names)} classes in 'class_names'; "
             f"the checkpoint's model has {len(names)}.",
             "pass --predictions.sidecar the .json exported from this checkpoint, or `auto`, or null.",
         )

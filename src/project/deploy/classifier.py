@@ -1,8 +1,9 @@
-"""An exported ONNX model with its sidecar, ready to classify: onnxruntime, numpy and Pillow only.
+"""An exported model with its sidecar, ready to classify: onnxruntime (or OpenVINO), numpy and Pillow only.
 
 `infer` (files -> CSV) and `serve` (HTTP) both answer through `Classifier`: the same decoding as
 training (`project.data.decode`), the resize and centre crop of validation, the export's calibration
-and unknown threshold (`project.deploy.calibration`). Importing this module imports neither torch nor
+and unknown threshold (`project.deploy.calibration`); `open_session` opens an .onnx file with
+onnxruntime and an OpenVINO IR (.xml) with OpenVINO. Importing this module imports neither torch nor
 lightning.
 """
 
@@ -16,9 +17,9 @@ import numpy as np
 from PIL import Image
 
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
-from project.deploy import sidecar as sidecars
-from project.deploy.calibration import UNKNOWN, Calibration
-from project.deploy.sidecar import sidecar_multilabel
+from project.deploy.calibration import UNKNOWN
+from project.deploy.openvino_runtime import OpenVINOSession, is_openvino
+from project.deploy.sidecar import Sidecar
 from project.errors import UserError
 
 
@@ -46,32 +47,21 @@ class Classifier:
     def __init__(
         self, model: str | Path, threads: int | None = None, unknown_accept: float | None = None
     ) -> None:
-        import onnxruntime as ort
-
         model = Path(model)
         sidecar = model.with_suffix(".json")
         if not model.is_file() or not sidecar.is_file():
             raise UserError(
                 f"Need the model and its sidecar: '{model}' and '{sidecar}'.",
-                "pass an .onnx written by `python -m project export`.",
+                "pass an .onnx (or an OpenVINO .xml) written by `python -m project export`.",
             )
-        self.meta = sidecars.load(sidecar)  # every value below is checked there
-        self.class_names = list(self.meta["class_names"])
-        self.task = "multilabel" if sidecar_multilabel(self.meta) else "multiclass"
-        self.threshold = float(self.meta.get("threshold", 0.5))
-        self.size = int(self.meta["image_size"])
-        self.resize_to = round(self.size / float(self.meta["preprocessing"]["crop_ratio"]))
-        self.calibration = Calibration.from_sidecar(self.meta, unknown_accept)
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
-        try:
-            self.session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-        except Exception as e:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...)
-            raise UserError(
-                f"onnxruntime cannot load '{model}': {e}.",
-                "export the checkpoint again with `python -m project export`.",
-            ) from None
+        self.sidecar = Sidecar.load(sidecar)  # every value below is checked there
+        self.class_names = list(self.sidecar.class_names)
+        self.task = self.sidecar.task
+        self.threshold = self.sidecar.threshold
+        self.size = self.sidecar.image_size
+        self.resize_to = self.sidecar.resize_to
+        self.calibration = self.sidecar.calibration(unknown_accept)
+        self.session = open_session(model, threads)
         self._check_fits(model, sidecar)
 
     def _check_fits(self, model: Path, sidecar: Path) -> None:
@@ -99,7 +89,7 @@ class Classifier:
     @property
     def multilabel(self) -> bool:
         """Any number of labels per image (a sigmoid each), as the sidecar's `task` says; else one class."""
-        return sidecar_multilabel(self.meta)
+        return self.sidecar.multilabel
 
     def preprocess(self, image: str | Path | bytes | Image.Image) -> np.ndarray:
         """uint8 [3, size, size]: decoded as training decodes, short side resized, centre-cropped.
@@ -177,3 +167,21 @@ class Classifier:
             for i, (path, p) in enumerate(zip(chunk, self.probabilities_of(logits), strict=True)):
                 score = None if scores is None else float(scores[i])
                 yield Answer(path, *self.top(p, top_k), bool(unknown[i]), score)
+
+
+def open_session(model: Path, threads: int | None = None) -> object:
+    """An inference session for `model`: OpenVINO for an .xml IR, else onnxruntime; both answer `run`."""
+    if is_openvino(model):
+        return OpenVINOSession(model, threads)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...)
+        raise UserError(
+            f"onnxruntime cannot load '{model}': {e}.",
+            "export the checkpoint again with `python -m project export`.",
+        ) from None

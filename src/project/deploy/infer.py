@@ -1,8 +1,9 @@
-"""Classify image files with an exported ONNX model: onnxruntime, numpy and Pillow only.
+"""Classify image files with an exported model: onnxruntime (or OpenVINO), numpy and Pillow only.
 
     python -m project infer --model checkpoints/<run>/latest.onnx [--top_k 5] [--output CSV] FILE_OR_DIR...
                             [--unknown_accept SHARE]
 
+`--model` is the .onnx, or the OpenVINO IR (.xml) that `export --format openvino` writes beside it.
 The sidecar JSON next to the model gives the class names and the image size; files are decoded
 by training's rule (`project.data.decode`), the resize and centre crop match validation
 (torchvision's Resize + CenterCrop), and the model itself normalizes. A file that cannot be
@@ -43,7 +44,9 @@ def image_files(inputs: Sequence[str]) -> list[Path]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m project infer", description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+", help="image files or folders (searched recursively)")
-    parser.add_argument("--model", required=True, help="exported .onnx file (its .json sidecar beside it)")
+    parser.add_argument(
+        "--model", required=True, help="exported .onnx or OpenVINO .xml file (its .json sidecar beside it)"
+    )
     parser.add_argument(
         "--top_k",
         type=int,
@@ -51,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="classes listed per image, 1 or more (at most the model's classes)",
     )
     parser.add_argument("--output", help="write a CSV here instead of printing")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="inference threads (onnxruntime or OpenVINO)"
+    )
     parser.add_argument(
         "--unknown_accept",
         type=float,

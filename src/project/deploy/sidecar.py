@@ -1,10 +1,16 @@
-"""Reading an export's JSON sidecar: every value that infer, serve and predict use, checked in one place.
+"""An export's JSON sidecar: the contract between `export`, which writes it, and every reader.
 
-A sidecar may come from another machine or be edited by hand, and a wrong value does not fail
-loudly later: a negative temperature inverts the ranking, a NaN threshold answers every image
-`unknown`, a string where the class names belong lists its letters as classes. `load` refuses
-each such value with one message naming the file and the key; whether the class names fit the
-model's outputs is checked where the model is loaded (`project.deploy.classifier.Classifier`).
+`Sidecar` is that contract as a type. `export` builds one (`Sidecar.from_dict`) and writes it;
+infer, serve, `predict`, `--quantize int8` and `report` read one with `Sidecar.load`. Both go through
+`check`, the one validation: a sidecar may come from another machine or be edited by hand, and a
+wrong value does not fail loudly later (a negative temperature inverts the ranking, a NaN threshold
+answers every image `unknown`, a string where the class names belong lists its letters as
+classes), so each such value is refused with one message naming the file and the key. Whether the
+class names fit the model's outputs is checked where the model is loaded
+(`project.deploy.classifier.Classifier`).
+
+The format has a `version` (absent: 1, the sidecars written before it had one). A reader refuses a
+sidecar from a newer template, whose keys it may misread, with one message saying to upgrade.
 """
 
 from __future__ import annotations
@@ -13,16 +19,132 @@ import itertools
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from project.deploy.calibration import SCORES
+from project.deploy.calibration import SCORES, Calibration
 from project.errors import UserError
 
+VERSION = 1  # the sidecar format this template writes; it reads this one and every older one
 TASKS = ("multiclass", "multilabel")
 QUANTILES = 101  # calibration.quantiles: shares 0, 1, ..., 100 %
 MAX_IMAGE_SIZE = 8192  # the resize before the crop stays below this too (a crop ratio near 0 would not)
+MAX_BINS = 1000  # reliability diagram bins (export writes 15)
 FIX = "export the checkpoint again with `python -m project export` (or correct the key)."
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """An export's sidecar, checked: the values its readers use, typed, and the whole document.
+
+    Build one with `Sidecar.from_dict` or `Sidecar.load` (both run `check`), never field by field.
+
+    Args:
+        class_names: The model's classes (labels), in the order of its logits.
+        image_size: The square input the model takes, in pixels.
+        crop_ratio: image_size / the short side before the centre crop.
+        task: `multiclass` (one softmax) or `multilabel` (a sigmoid per label).
+        threshold: The probability from which a label is given (multi-label).
+        temperature: Divides the logits before the softmax (1: uncalibrated).
+        unknown_score: `energy` or `max_probability`; None: no calibration.
+        unknown_threshold: Below it an image is `unknown`; None: never.
+        unknown_quantiles: The validation images' scores at shares 0, 1, ..., 100 %.
+        unknown_accept: The share of validation images the threshold accepts.
+        files: The export's files by target (`onnx`: its file name).
+        source_checkpoint: The path of the checkpoint it was exported from.
+        reliability: The reliability diagram's bins before and after the temperature.
+        version: The sidecar format's version.
+        document: The JSON object as written, every key (what `to_dict` returns).
+    """
+
+    class_names: tuple[str, ...]
+    image_size: int
+    crop_ratio: float
+    task: str = "multiclass"
+    threshold: float = 0.5
+    temperature: float = 1.0
+    unknown_score: str | None = None
+    unknown_threshold: float | None = None
+    unknown_quantiles: tuple[float, ...] | None = None
+    unknown_accept: float | None = None
+    files: Mapping[str, str] = field(default_factory=dict)
+    source_checkpoint: str | None = None
+    reliability: Mapping[str, Any] | None = None
+    version: int = VERSION
+    document: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, meta: Any, path: Path | str) -> Sidecar:
+        """`meta` (a sidecar's JSON object) checked by `check`; `path` names it in the messages."""
+        check(meta, path)
+        quantiles = meta.get("unknown_quantiles")
+        return cls(
+            class_names=tuple(meta["class_names"]),
+            image_size=meta["image_size"],
+            crop_ratio=float(meta["preprocessing"]["crop_ratio"]),
+            task=meta.get("task", "multiclass"),
+            threshold=float(meta.get("threshold", 0.5)),
+            temperature=float(meta.get("temperature") or 1.0),
+            unknown_score=meta.get("unknown_score"),
+            unknown_threshold=_float_or_none(meta.get("unknown_threshold")),
+            unknown_quantiles=None if quantiles is None else tuple(float(q) for q in quantiles),
+            unknown_accept=_float_or_none(meta.get("unknown_accept")),
+            files=dict(meta.get("files") or {}),
+            source_checkpoint=source_of(meta),
+            reliability=meta.get("reliability"),
+            version=meta.get("version", 1),
+            document=dict(meta),
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> Sidecar:
+        """The sidecar at `path`, checked; UserError naming the file (and the key) otherwise."""
+        try:
+            meta = json.loads(Path(path).read_bytes())
+        except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise UserError(
+                f"Sidecar '{path}' is not a readable JSON file ({type(e).__name__}: {e}).", FIX
+            ) from None
+        return cls.from_dict(meta, path)
+
+    @property
+    def multilabel(self) -> bool:
+        """Any number of labels per image (a sigmoid each); else one class (a softmax)."""
+        return sidecar_multilabel(self.document)
+
+    @property
+    def resize_to(self) -> int:
+        """The short side before the centre crop, as validation resized."""
+        return round(self.image_size / self.crop_ratio)
+
+    def calibration(self, accept: float | None = None) -> Calibration:
+        """The temperature and unknown threshold to apply; `accept` (0: off) overrides the share."""
+        return Calibration.from_sidecar(self.document, accept)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object to write: the document, unchanged (a round trip gives it back)."""
+        return dict(self.document)
+
+    def public(self) -> dict[str, Any]:
+        """The document without the checkpoint's path (its sha256 still identifies it): what serve shows."""
+        source = self.document.get("source_checkpoint")
+        if not isinstance(source, dict):
+            return self.to_dict()
+        return {**self.document, "source_checkpoint": {k: v for k, v in source.items() if k != "path"}}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+
+def source_of(meta: Any) -> str | None:
+    """The checkpoint path a JSON object names as a sidecar would (None: it names none, not a sidecar).
+
+    Finds the sidecar of a checkpoint among a folder's JSON files; the one found is then checked whole.
+    """
+    source = meta.get("source_checkpoint") if isinstance(meta, dict) else None
+    path = source.get("path") if isinstance(source, dict) else None
+    return path if isinstance(path, str) else None
 
 
 def sidecar_multilabel(meta: Mapping) -> bool:
@@ -30,22 +152,11 @@ def sidecar_multilabel(meta: Mapping) -> bool:
     return meta.get("task") == "multilabel"
 
 
-def load(path: Path) -> dict:
-    """The sidecar at `path`, checked by `check`; UserError naming the file (and the key) otherwise."""
-    try:
-        meta = json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise UserError(
-            f"Sidecar '{path}' is not a readable JSON file ({type(e).__name__}: {e}).", FIX
-        ) from None
-    check(meta, path)
-    return meta
-
-
 def check(meta: Any, path: Path | str) -> None:
     """Nothing when every key the deploy side reads has a usable value; else UserError naming the first."""
     if not isinstance(meta, dict):
         raise UserError(f"Sidecar '{path}' is not an export sidecar: it holds a {type(meta).__name__}.", FIX)
+    _check_version(meta, path)
 
     def refuse(key: str, expected: str) -> NoReturn:
         value = _get(meta, key)
@@ -91,9 +202,64 @@ def check(meta: Any, path: Path | str) -> None:
         and all(a <= b for a, b in itertools.pairwise(table))
     ):
         refuse("unknown_quantiles", f"{QUANTILES} finite numbers in increasing order (or null)")
+    accept = meta.get("unknown_accept")
+    if accept is not None and not _number(accept, 0, 1):
+        refuse("unknown_accept", "a share from 0 to 1 (or null)")
     files = meta.get("files")
-    if files is not None and not (isinstance(files, dict) and isinstance(files.get("onnx", ""), str)):
-        refuse("files", "an object naming the .onnx file (or absent)")
+    if files is not None and not (
+        isinstance(files, dict) and all(isinstance(f, str) for f in files.values())
+    ):
+        refuse("files", "an object naming each exported file, e.g. the .onnx (or absent)")
+    source = meta.get("source_checkpoint")
+    if source is not None and not (isinstance(source, dict) and isinstance(source.get("path", ""), str)):
+        refuse("source_checkpoint", "an object with the checkpoint's path (or absent)")
+    for key in ("ece_before", "ece_after"):
+        if meta.get(key) is not None and not _number(meta[key], 0, 1):
+            refuse(key, "a calibration error from 0 to 1 (or null)")
+    if meta.get("reliability") is not None and not _reliability(meta["reliability"]):
+        refuse(
+            "reliability",
+            f"bins (1 to {MAX_BINS}) with a confidence, accuracy and count per bin, before and after",
+        )
+
+
+def _check_version(meta: dict, path: Path | str) -> None:
+    """A sidecar of a newer format may mean its keys otherwise: refused before any of them is read."""
+    version = meta.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        shown = repr(version) if len(repr(version)) <= 80 else repr(version)[:77] + "..."
+        raise UserError(f"Sidecar '{path}': 'version' is {shown}; expected a whole number from 1.", FIX)
+    if version > VERSION:
+        raise UserError(
+            f"Sidecar '{path}' was written by a newer version of this template (sidecar version "
+            f"{version}; this one reads up to version {VERSION}).",
+            "upgrade the project (git pull, or pip install -U) to run this export, or export the "
+            "checkpoint again with this version (`python -m project export`).",
+        )
+
+
+def _reliability(value: Any) -> bool:
+    """Whether `value` is a reliability table as calibration writes it: what `report` draws."""
+    if not isinstance(value, dict):
+        return False
+    bins = value.get("bins")
+    if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= MAX_BINS:
+        return False
+    for part in ("before", "after"):
+        columns = value.get(part)
+        if not isinstance(columns, dict):
+            return False
+        for key in ("confidence", "accuracy", "count"):
+            column = columns.get(key)
+            if not (isinstance(column, list) and len(column) == bins):
+                return False
+            if not all(_number(v, 0, 1 if key != "count" else math.inf) for v in column):
+                return False
+    return True
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _number(value: Any, low: float, high: float, low_open: bool = False, high_open: bool = False) -> bool:

@@ -222,14 +222,6 @@ def without_folders(text: str) -> str:
     return FOLDERS.sub("", QUOTED_FOLDERS.sub("", text))
 
 
-def public_sidecar(meta: dict) -> dict:
-    """The export's sidecar without the checkpoint's path (its sha256 still identifies it)."""
-    source = meta.get("source_checkpoint")
-    if not isinstance(source, dict):
-        return meta
-    return {**meta, "source_checkpoint": {k: v for k, v in source.items() if k != "path"}}
-
-
 def metadata(model: LoadedModel, settings: Settings) -> dict:
     classifier = model.classifier
     return {
@@ -243,7 +235,7 @@ def metadata(model: LoadedModel, settings: Settings) -> dict:
         "raw body or multipart field 'file'",
         "batching": {"max_batch_size": settings.max_batch_size, "max_wait_ms": settings.max_wait_ms},
         "limits": asdict(settings.limits),
-        "sidecar": public_sidecar(classifier.meta),
+        "sidecar": classifier.sidecar.public(),
     }
 
 

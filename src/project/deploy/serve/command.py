@@ -23,7 +23,7 @@ from pathlib import Path
 from project.config_checks import positive_int, require
 from project.errors import UserError, exits_on_user_error
 
-DESCRIPTION = "Serve an exported model over HTTP with dynamic batching (onnxruntime; no torch)."
+DESCRIPTION = "Serve an exported model over HTTP with dynamic batching (onnxruntime or OpenVINO; no torch)."
 TOKEN_VARIABLE = "PROJECT_RELOAD_TOKEN"
 RESERVED_FILES = 64  # descriptors beside the connections: listening socket, model files, samples, logs
 
@@ -31,7 +31,9 @@ RESERVED_FILES = 64  # descriptors beside the connections: listening socket, mod
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m project serve", description=DESCRIPTION)
     p.add_argument(
-        "--model", required=True, help="exported .onnx (or a latest.onnx link), its .json beside it"
+        "--model",
+        required=True,
+        help="exported .onnx or OpenVINO .xml (or a latest.onnx/latest.xml link), its .json beside it",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
@@ -48,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     batching.add_argument("--max_wait_ms", type=float, default=5.0, help="how long a batch waits to fill up")
     batching.add_argument("--max_pending", type=int, default=512, help="queued requests before answering 503")
     batching.add_argument(
-        "--threads", type=int, default=None, help="onnxruntime threads (default: one per core)"
+        "--threads", type=int, default=None, help="onnxruntime or OpenVINO threads (default: one per core)"
     )
     # decoding holds the GIL outside Pillow's C code, so more threads than half the cores contend
     # with the event loop instead of overlapping (2 cores: 1 thread answered 18% more than 2)

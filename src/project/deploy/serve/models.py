@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from project.deploy.classifier import Classifier
+from project.deploy.openvino_runtime import is_openvino
 from project.errors import UserError
 
 
@@ -22,7 +23,7 @@ from project.errors import UserError
 class LoadedModel:
     classifier: Classifier
     version: str
-    path: Path  # the resolved .onnx
+    path: Path  # the resolved .onnx (or OpenVINO .xml)
     loaded_at: str
 
 
@@ -33,15 +34,16 @@ def load_model(model: Path, threads: int | None = None, unknown_accept: float | 
         what = f"links to '{resolved}', which" if model.is_symlink() else ""
         raise UserError(
             f"Model '{model}' {what} does not exist.".replace("  ", " "),
-            "pass --model PATH to an .onnx written by `python -m project export`, or point the link at one.",
+            "pass --model PATH to an .onnx (or .xml) written by `python -m project export`, "
+            "or point the link at one.",
         )
     classifier = Classifier(resolved, threads, unknown_accept)
-    files = classifier.meta.get("files")
-    named = files.get("onnx") if isinstance(files, dict) else None
+    kind = "openvino" if is_openvino(resolved) else "onnx"  # the sidecar's `files` key for this file
+    named = classifier.sidecar.files.get(kind)
     if named is not None and named != resolved.name:
         raise UserError(
             f"Sidecar '{resolved.with_suffix('.json')}' describes '{named}', not '{resolved.name}'.",
-            "keep each export's .onnx and .json together under the names export gave them.",
+            "keep each export's model files and .json together under the names export gave them.",
         )
     # Classifier has run the model once: warmed up, and its outputs checked against the class names
     return LoadedModel(classifier, resolved.stem, resolved, time.strftime("%Y-%m-%dT%H:%M:%S%z"))

@@ -12,7 +12,7 @@ predict, infer and serve.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -231,21 +231,3 @@ def flattening(logits: torch.Tensor, labels: torch.Tensor) -> str:
 def _skip(reason: str) -> dict:
     print(f"Calibration skipped: {reason}. Probabilities are the plain softmax and no image is `unknown`.")
     return skipped(reason)
-
-
-def check_accept(accept: float | None, option: str) -> None:
-    """The share of validation images to accept: 0 < share <= 1, or 0/None for off."""
-    from project.errors import UserError
-
-    if accept is not None and not 0 <= accept <= 1:
-        raise UserError(
-            f"{option}={accept} is not a share from 0 to 1.",
-            f"pass e.g. {option}=0.95 (accept 95% of validation images), or 0 to turn rejection off.",
-        )
-
-
-def check_score(name: str, option: str, choices: Sequence[str] = calibration.SCORES) -> None:
-    from project.errors import UserError
-
-    if name not in choices:
-        raise UserError(f"{option}={name!r} is not a known score.", f"pass one of {', '.join(choices)}.")

@@ -12,21 +12,21 @@ threshold are fitted again on its own validation logits. `infer` and `serve` run
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from project import calibrate
 from project.atomic import atomic_files, atomic_symlink
 from project.data.dataset import ImageDataset, collate_skipping_none
 from project.data.transforms import eval_transform
-from project.deploy.sidecar import sidecar_multilabel
+from project.deploy.sidecar import Sidecar
 from project.errors import UserError
+from project.export import fit_calibration
 
 CALIBRATION_IMAGES = 256
 LATENCY_BATCHES = (1, 8)
@@ -42,7 +42,7 @@ class TrainingImages:
         skip = bool(getattr(datamodule, "skip_bad_images", False))
         dataset = ImageDataset(index.subset(picks), eval_transform(size, crop_ratio), skip)
         loader = DataLoader(dataset, batch_size=32, collate_fn=collate_skipping_none if skip else None)
-        self._batches = calibrate.good_batches(loader)
+        self._batches = fit_calibration.good_batches(loader)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         batch = next(self._batches, None)
@@ -58,8 +58,8 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     onnx_path = Path(onnx_path)
-    meta = json.loads(onnx_path.with_suffix(".json").read_text())
-    size, crop_ratio = int(meta["image_size"]), float(meta["preprocessing"]["crop_ratio"])
+    float_sidecar = Sidecar.load(onnx_path.with_suffix(".json"))
+    size, crop_ratio = float_sidecar.image_size, float_sidecar.crop_ratio
     root = getattr(datamodule, "root", None)
     if root is None or not Path(root).is_dir():
         raise UserError(
@@ -84,13 +84,14 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
                 calibrate_method=CalibrationMethod.MinMax,
                 nodes_to_exclude=head_nodes(prepared),
             )
+        meta = float_sidecar.to_dict()
         int8_meta = {**meta, "files": {"onnx": final.name}, "quantization": _quantization_notes()}
         int8_meta.update(measure(onnx_path, partial, datamodule, size, crop_ratio, meta))
-        sidecar_partial.write_text(json.dumps(int8_meta, indent=2) + "\n")
+        sidecar_partial.write_text(Sidecar.from_dict(int8_meta, sidecar).to_json())
     atomic_symlink(final.with_name("latest-int8.onnx"), final.name)
     atomic_symlink(final.with_name("latest-int8.json"), sidecar.name)
     q = int8_meta
-    what = "label decisions agree" if sidecar_multilabel(meta) else "top-1 agrees"
+    what = "label decisions agree" if float_sidecar.multilabel else "top-1 agrees"
     print(
         f"int8 model {final}: {what} with float on {q['agreement']:.2%} of validation images, "
         f"accuracy {q['accuracy_float']:.4f} -> {q['accuracy_int8']:.4f}, batch 8 "
@@ -123,13 +124,17 @@ def _quantization_notes() -> dict:
 
 
 def measure(
-    float_path: Path, int8_path: Path, datamodule: object, size: int, crop_ratio: float, meta: dict
+    float_path: Path, int8_path: Path, datamodule: object, size: int, crop_ratio: float, meta: Mapping
 ) -> dict:
-    """Agreement and accuracy on the validation split, latency at batch 1 and 8, and the int8 calibration."""
+    """Agreement and accuracy on the validation split, latency at batch 1 and 8, and the int8 calibration.
+
+    `meta` is the float export's sidecar (its JSON object), checked here as every reader checks it.
+    """
+    float_sidecar = Sidecar.from_dict(meta, Path(float_path).with_suffix(".json"))
     float_session, int8_session = _session(float_path), _session(int8_path)
     result: dict = {"latency_ms": latency({"float": float_session, "int8": int8_session}, size)}
     try:
-        loader = calibrate.validation_loader(datamodule, size, crop_ratio)
+        loader = fit_calibration.validation_loader(datamodule, size, crop_ratio)
     except ValueError as e:
         return {
             **result,
@@ -139,14 +144,14 @@ def measure(
             "measured": str(e),
         }
     float_logits, int8_logits, labels = [], [], []
-    for images, targets in calibrate.good_batches(loader):
+    for images, targets in fit_calibration.good_batches(loader):
         batch = images.numpy()
         float_logits.append(float_session.run(["logits"], {"images": batch})[0])
         int8_logits.append(int8_session.run(["logits"], {"images": batch})[0])
         labels.append(targets.numpy())
     f, q, y = np.concatenate(float_logits), np.concatenate(int8_logits), np.concatenate(labels)
-    multilabel = sidecar_multilabel(meta)
-    float_answer, int8_answer = answers(f, meta, multilabel), answers(q, meta, multilabel)
+    multilabel = float_sidecar.multilabel
+    float_answer, int8_answer = answers(f, float_sidecar), answers(q, float_sidecar)
     result |= {
         "agreement": agreement(float_answer, int8_answer),
         "accuracy_float": agreement(float_answer, y),
@@ -155,24 +160,26 @@ def measure(
     }
     if multilabel:
         result["measured_as"] = "share of label decisions (at the sidecar's threshold) that agree"
-    if not multilabel and meta.get("unknown_quantiles") is not None:
-        accept = meta.get("unknown_accept")
+    if not multilabel and float_sidecar.unknown_quantiles is not None:
+        accept = float_sidecar.unknown_accept
         logits, labels = torch.from_numpy(q), torch.from_numpy(y)
-        temperature = calibrate.fit_temperature(logits, labels)
-        if temperature >= calibrate.MAX_TEMPERATURE:  # refused as for the float model (project.calibrate)
-            result |= calibrate.skipped(calibrate.flattening(logits, labels))
+        temperature = fit_calibration.fit_temperature(logits, labels)
+        if temperature >= fit_calibration.MAX_TEMPERATURE:  # refused as for the float model
+            result |= fit_calibration.skipped(fit_calibration.flattening(logits, labels))
         else:
-            result |= calibrate.calibrate(logits, labels, accept, meta["unknown_score"], temperature)
+            result |= fit_calibration.calibrate(
+                logits, labels, accept, float_sidecar.unknown_score, temperature
+            )
     return result
 
 
-def answers(logits: np.ndarray, meta: dict, multilabel: bool) -> np.ndarray:
+def answers(logits: np.ndarray, sidecar: Sidecar) -> np.ndarray:
     """What a model answers: the top-1 class [N], or multi-label the label decisions [N, C] (0/1)."""
-    if not multilabel:
+    if not sidecar.multilabel:
         return logits.argmax(1)
     with np.errstate(over="ignore"):  # exp(-logit) of a very negative logit: inf, a probability of 0
         probabilities = 1 / (1 + np.exp(-logits.astype(np.float64)))
-    return (probabilities >= float(meta.get("threshold", 0.5))).astype(np.uint8)
+    return (probabilities >= sidecar.threshold).astype(np.uint8)
 
 
 def agreement(a: np.ndarray, b: np.ndarray) -> float:

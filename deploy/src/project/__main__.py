@@ -1,0 +1,1 @@
+../../../src/project/__main__.py

@@ -1,0 +1,1 @@
+../../../src/project/atomic.py

@@ -1,0 +1,1 @@
+../../../src/project/config_checks.py

@@ -1,0 +1,72 @@
+"""The first Ctrl-C stops the audit at once, with one line and no traceback.
+
+Lightning turns a KeyboardInterrupt inside `trainer.fit` into `sys.exit(1)` after ignoring every further
+Ctrl-C, and a KeyboardInterrupt while loader workers read images prints a traceback from each process.
+So the audit raises its own `Stopped`, a BaseException that Lightning passes on after its teardown (which
+stops the loader workers). An exception raised by a signal handler can be lost: when the signal lands in
+an at-fork hook or a `__del__` (a loader worker starting, say), Python prints "Exception ignored" and goes
+on. So the handler also records the request, and `raise_if_stopped` raises it again at safe points (every
+batch of the fold trainers, every chunk of images read). Processes forked while the handler is installed
+(loader workers, cleanlab's pool) inherit it and ignore the terminal's Ctrl-C: the main process stops
+them. Files appear whole or not at all (`atomic_folder`, `atomic_write`), so stopping anywhere leaves
+nothing half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+_requested = False  # a Ctrl-C came during the block of stop_on_ctrl_c
+
+
+class Stopped(BaseException):
+    """Raised in the main process on Ctrl-C (SIGINT); exit status 130 (128 + SIGINT)."""
+
+
+def raise_if_stopped() -> None:
+    """A safe point: raise `Stopped` if Ctrl-C was pressed, even when the handler's own raise was lost."""
+    if _requested:
+        raise Stopped
+
+
+class StopPoint(Callback):
+    """`raise_if_stopped` after every training and prediction batch of a fold trainer."""
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        raise_if_stopped()
+
+    @override
+    def on_predict_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        raise_if_stopped()
+
+
+@contextmanager
+def stop_on_ctrl_c() -> Iterator[None]:
+    """Within the block, SIGINT raises `Stopped` (every time: a second Ctrl-C during the cleanup too)."""
+    global _requested
+    pid = os.getpid()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        global _requested
+        if os.getpid() != pid:  # a forked child: its parent stops it
+            return
+        _requested = True
+        raise Stopped
+
+    _requested = False
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _requested = False

@@ -1,0 +1,273 @@
+"""Export a checkpoint to its targets (ONNX, .pt2, OpenVINO), verified before it is kept, with a JSON sidecar.
+
+Each file takes a uint8 RGB batch [N, 3, H, W] at the trained size (preprocessing is baked in) and
+returns logits. The steps: read the checkpoint (`read`), write each target under a temporary name
+next to it and verify it against the PyTorch model in eval mode (`write_verified`), describe the
+export in the sidecar (`describe`, `calibration`), rename everything into place, and
+repoint the `latest.*` links atomically (`publish`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import project
+from project.atomic import atomic_files, atomic_symlink
+from project.checkpoint_io import load_checkpoint_file
+from project.deploy.sidecar import VERSION, Sidecar
+from project.errors import UserError
+from project.export.deployable import Deployable, export_program, load_for_export
+from project.export.fit_calibration import calibrate_export
+from project.export.fit_calibration import skipped as calibration_skipped
+from project.export.options import ExportOptions
+from project.export.targets import Files, Source, Target, chosen
+from project.export.verify import ExportError, compare, load, verification_batches
+from project.model import ImageClassifier
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What an export wrote: each target's main file (by name), the sidecar, and what the sidecar holds."""
+
+    files: dict[str, Path]
+    sidecar: Path
+    metadata: dict
+
+    @property
+    def openvino(self) -> Path | None:
+        """The IR's .xml, with `--format openvino`."""
+        return self.files.get("openvino")
+
+    @property
+    def onnx(self) -> Path:
+        return self.files["onnx"]
+
+    @property
+    def pt2(self) -> Path:
+        return self.files["pt2"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint read for export.
+
+    Args:
+        path: The checkpoint file (resolved).
+        contents: What torch.load read from it.
+        model: Its classifier, weights loaded, eval mode, CPU.
+    """
+
+    path: Path
+    contents: dict
+    model: ImageClassifier
+
+    @property
+    def size(self) -> int:
+        return self.model.image_size or 224
+
+    @property
+    def crop_ratio(self) -> float:
+        return self.contents.get("datamodule_hyper_parameters", {}).get("crop_ratio", 0.875)
+
+    @property
+    def run(self) -> str:
+        return self.path.parent.name
+
+    def monitored(self) -> tuple[str, float | None]:
+        """The metric its ModelCheckpoint monitored and the checkpoint's score (None when unknown)."""
+        for key, state in self.contents.get("callbacks", {}).items():
+            if key.startswith("ModelCheckpoint") and state.get("current_score") is not None:
+                return state["monitor"], float(state["current_score"])
+        return "val/acc", None
+
+
+def export_checkpoint(
+    ckpt_path: str | Path,
+    images: Sequence[Path] = (),
+    output_dir: str | Path | None = None,
+    datamodule: object = None,
+    **options: Any,
+) -> Exported:
+    """Export `ckpt_path` next to it (or into `output_dir`); verify on random and real images.
+
+    `options` are the fields of ExportOptions (checked there). With `datamodule` (its validation
+    images on disk) the sidecar also gets a temperature and an unknown threshold accepting the share
+    `unknown_accept` (0 or None: off) of validation images (`project.export.fit_calibration`);
+    `quantize="int8"` also writes `<stem>-int8.onnx` (`project.export.quantize`); `format="openvino"`
+    also writes the IR `<stem>.xml` + `.bin` (`project.export.openvino_target`).
+    """
+    settings = ExportOptions(**options)
+    targets = chosen(settings.format)
+    for target in targets:
+        if target.require is not None:
+            target.require()  # before any work: a missing package is one message
+    checkpoint = read(ckpt_path)
+    final = final_paths(checkpoint, output_dir, targets)
+    deployable = Deployable(checkpoint.model).eval()
+    source = Source(deployable, export_program(deployable, checkpoint.size), checkpoint.size, settings.opset)
+    batches = verification_batches(checkpoint.size, checkpoint.crop_ratio, images)
+    # renamed into place together once verified, in this order: the sidecar appears last
+    with atomic_files(*final.values()) as partials:
+        partial = dict(zip(final, partials, strict=True))
+        exporters, verification = write_verified(source, partial, batches, targets)
+        metadata = describe(checkpoint, settings.opset, verification) | exporters
+        metadata["versions"] |= {t.name: t.version() for t in targets if t.version is not None}
+        metadata |= calibration(checkpoint, deployable, datamodule, settings)
+        metadata["files"] = {target.name: final[target.main].name for target in targets}
+        # checked as every reader checks it: a value no reader would take fails here, not there
+        sidecar = Sidecar.from_dict(metadata, final["json"])
+        partial["json"].write_text(sidecar.to_json())
+    publish(final)
+    if settings.quantize == "int8":
+        from project.export.quantize import quantize_export
+
+        quantize_export(final["onnx"], datamodule)
+    files = {target.name: final[target.main] for target in targets}
+    return Exported(files, final["json"], sidecar.to_dict())
+
+
+def read(ckpt_path: str | Path) -> Checkpoint:
+    """The checkpoint at `ckpt_path` with its model; UserError when there is no such file."""
+    path = Path(ckpt_path).resolve()
+    if not path.is_file():
+        raise UserError(f"Checkpoint '{path}' does not exist.", "pass --ckpt_path PATH to a .ckpt file.")
+    contents = load_checkpoint_file(path)
+    return Checkpoint(path, contents, load_for_export(contents))
+
+
+def final_paths(
+    checkpoint: Checkpoint, output_dir: str | Path | None, targets: list[Target]
+) -> dict[str, Path]:
+    """Where the targets' files and the sidecar (`json`, last) go, by suffix:
+    `<run>-<metric>=<score>-<time>.<suffix>`."""
+    monitor, score = checkpoint.monitored()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    metric = f"-{monitor.replace('/', '_')}={score:.4f}" if score is not None else ""
+    out = Path(output_dir) if output_dir is not None else checkpoint.path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{checkpoint.run}{metric}-{stamp}"
+    suffixes = [suffix for target in targets for suffix in target.files]
+    return {suffix: out / f"{stem}.{suffix}" for suffix in (*suffixes, "json")}
+
+
+def write_verified(
+    source: Source, paths: dict[str, Path], batches: dict[str, torch.Tensor], targets: list[Target]
+) -> tuple[dict[str, str], dict]:
+    """Write each target's files at `paths` (by suffix), verified; returns the exporters used and the
+    verification."""
+    exporters: dict[str, str] = {}
+    results: dict[str, dict] = {}
+    report: dict = {}
+    for target in targets:
+        files = {suffix: paths[suffix] for suffix in target.files}
+        writer, report = _write_one(target, source, files, batches)
+        source.files[target.name] = files[target.main]
+        results.update(report["results"])
+        if len(target.writers) > 1:  # which of them wrote it: worth knowing only where there was a choice
+            exporters[f"{target.name}_exporter"] = writer
+    return exporters, {**report, "results": results}
+
+
+def _write_one(
+    target: Target, source: Source, files: Files, batches: dict[str, torch.Tensor]
+) -> tuple[str, dict]:
+    """The first of `target`'s writers whose files pass verification, and its report; else ExportError."""
+    names = list(target.writers)
+    for name in names:
+        if not target.writers[name](source, files):
+            continue  # cannot write this model: the next writer
+        try:
+            return name, compare(source.model, {target.name: load(target.name, files)}, batches)
+        except ExportError:
+            if name == names[-1]:
+                raise
+    raise ExportError(f"No exporter could write the {target.name} file.", "try another --opset.")
+
+
+def calibration(
+    checkpoint: Checkpoint, model: nn.Module, datamodule: object, settings: ExportOptions
+) -> dict:
+    """The sidecar's calibration keys: fitted on `datamodule`'s validation images, or why not."""
+    if not settings.calibrate:
+        return calibration_skipped("turned off (calibrate=false)")
+    return calibrate_export(
+        model,
+        datamodule,
+        checkpoint.size,
+        checkpoint.crop_ratio,
+        checkpoint.model.multilabel,
+        settings.unknown_accept,
+        settings.unknown_score,
+    )
+
+
+def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
+    """The sidecar's description of the export: the model's interface, preprocessing, origin and versions."""
+    import onnx
+    import onnxruntime
+
+    model, size, crop_ratio = checkpoint.model, checkpoint.size, checkpoint.crop_ratio
+    hp = checkpoint.contents["hyper_parameters"]
+    monitor, score = checkpoint.monitored()
+    multilabel = model.multilabel
+    return {
+        "version": VERSION,
+        "class_names": model.label_names,
+        "image_size": size,
+        "task": model.task,
+        **({"threshold": model.threshold} if multilabel else {}),
+        "input": {"name": "images", "shape": ["N", 3, size, size], "dtype": "uint8", "layout": "NCHW, RGB"},
+        "output": {
+            "name": "logits",
+            "shape": ["N", hp["num_classes"]],
+            "meaning": "logits (a sigmoid per label for probabilities)"
+            if multilabel
+            else "logits (softmax for probabilities)",
+        },
+        "preprocessing": {
+            "resize": f"short side to round(image_size / crop_ratio) = {round(size / crop_ratio)}, "
+            "bilinear, antialiased",
+            "crop": f"centre crop {size}x{size}",
+            "crop_ratio": crop_ratio,
+            "normalization": {"mean": list(hp["mean"]), "std": list(hp["std"]), "baked_in": True},
+        },
+        "source_checkpoint": {"path": str(checkpoint.path), "sha256": _sha256(checkpoint.path)},
+        "metrics": {
+            monitor: score,
+            "epoch": checkpoint.contents.get("epoch"),
+            "global_step": checkpoint.contents.get("global_step"),
+        },
+        "backbone": hp["backbone"],
+        "run": checkpoint.run,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": {
+            "project": project.__version__,
+            "torch": torch.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
+        "opset": opset,
+        "verification": verification,
+    }
+
+
+def publish(final: dict[str, Path]) -> None:
+    """Repoint each `latest.<suffix>` link at the new file, the sidecar's last."""
+    for suffix, path in final.items():
+        atomic_symlink(path.with_name(f"latest.{suffix}"), path.name)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

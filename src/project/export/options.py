@@ -1,0 +1,62 @@
+"""The options of an export, declared once: the `export` command and the end-of-fit export take them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from project.deploy.calibration import DEFAULT_ACCEPT, SCORES
+from project.errors import UserError
+
+# --format: ONNX (+ .pt2), or also an optional target (project.export.targets) beside them
+Format = Literal["onnx", "openvino"]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How a checkpoint is exported; each value is checked here, before anything is written.
+
+    `Trainer.export` and `ExportBest` take these fields as their own options (`--opset`,
+    `--export_best.opset`, ...): jsonargparse follows their `**options` into this class.
+
+    Args:
+        opset: ONNX opset version.
+        unknown_accept: Share of validation images the unknown threshold accepts; below it
+            infer/serve/predict answer `unknown`. 0 or null: no rejection.
+        unknown_score: What the threshold applies to: `energy` or `max_probability`.
+        quantize: `int8`: also write `<name>-int8.onnx` (static quantization), measured against
+            the float model.
+        calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
+            `unknown`).
+        format: `openvino`: also write an OpenVINO IR (`<name>.xml` + `.bin`) from the ONNX
+            file, verified against PyTorch the same way (needs `pip install openvino`).
+    """
+
+    opset: int = 18
+    unknown_accept: float | None = DEFAULT_ACCEPT
+    unknown_score: Literal["energy", "max_probability"] = "energy"
+    quantize: Literal["int8"] | None = None
+    calibrate: bool = True
+    format: Format = "onnx"
+
+    def __post_init__(self) -> None:
+        if self.unknown_accept is not None and not 0 <= self.unknown_accept <= 1:
+            raise UserError(
+                f"unknown_accept={self.unknown_accept} is not a share from 0 to 1.",
+                "pass e.g. unknown_accept=0.95 (accept 95% of validation images), "
+                "or 0 to turn rejection off.",
+            )
+        if self.unknown_score not in SCORES:
+            raise UserError(
+                f"unknown_score={self.unknown_score!r} is not a known score.",
+                f"pass one of {', '.join(SCORES)}.",
+            )
+        if self.format not in get_args(Format):
+            raise UserError(
+                f"format={self.format!r} is not an export target.",
+                f"pass --format {' or '.join(get_args(Format))}.",
+            )
+        if self.quantize not in (None, "int8"):
+            raise UserError(
+                f"quantize={self.quantize!r} is not supported.", "pass --quantize int8, or leave it out."
+            )

@@ -1,0 +1,116 @@
+"""An exported file is kept only when it computes what the PyTorch model does, on random and real images."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from project.data.decode import BadImageError, load_rgb
+from project.data.shapes import CLASSES, draw_shape
+from project.data.transforms import eval_transform
+from project.errors import UserError
+from project.export.targets import TARGETS, Runner
+
+# The max |logit difference| accepted between an exported and the PyTorch model, per batch:
+# ATOL + RTOL * max |logit|. float32 rounding grows with the logits' scale: a resnet18 whose
+# logits reach ~250 differs by 4.6e-4 to 1.4e-3 (a relative 5.6e-6) with nothing wrong, so a
+# fixed bound refuses sound exports; a wrong weight or normalisation moves logits by far more.
+ATOL, RTOL = 1e-4, 2e-5
+
+
+class ExportError(UserError):
+    """An export that failed verification: nothing was written under the final names."""
+
+
+def validation_images(datamodule: object, count: int = 7) -> list[Path]:
+    """A few validation files of `datamodule` to verify exports on, or none when its data is not on disk."""
+    root = getattr(datamodule, "root", None)
+    if root is None or not Path(root).is_dir():
+        return []
+    index = datamodule.splits["val"]
+    step = max(1, len(index) // count)
+    picks = [index.path(i) for i in range(0, len(index), step)]
+    if getattr(datamodule, "skip_bad_images", False):
+        picks = [path for path in picks if _decodes(path)]  # as in training: undecodable files left out
+    return picks[:count]
+
+
+def _decodes(path: Path) -> bool:
+    try:
+        load_rgb(path)
+    except BadImageError:
+        return False
+    return True
+
+
+def verification_batches(size: int, crop_ratio: float, images: Sequence[Path]) -> dict[str, torch.Tensor]:
+    """Random uint8 batches of 1 and 7, and 1 and 7 real images (given files, else drawn shapes)."""
+    generator = torch.Generator().manual_seed(0)
+    random = torch.randint(0, 256, (7, 3, size, size), dtype=torch.uint8, generator=generator)
+    transform = eval_transform(size, crop_ratio)
+    if images:
+        real = torch.stack([transform(load_rgb(Path(p))) for p in list(images)[:7]])
+    else:
+        rng = np.random.default_rng(0)
+        drawn = [draw_shape(CLASSES[i % len(CLASSES)], size, rng) for i in range(7)]
+        real = torch.stack([transform(torch.from_numpy(np.asarray(d)).permute(2, 0, 1)) for d in drawn])
+    return {"random-1": random[:1], "random-7": random, "real-1": real[:1], f"real-{len(real)}": real}
+
+
+def verify(model: nn.Module, files: Mapping[str, Path], batches: dict[str, torch.Tensor]) -> dict:
+    """Run exported files (target name -> its main file, any others beside it under the same stem)
+    by their targets' runtimes and compare with `model`: `compare`'s report, or its ExportError."""
+    loaded = {}
+    for name, path in files.items():
+        target = TARGETS[name]
+        loaded[name] = {suffix: Path(path).with_suffix(f".{suffix}") for suffix in target.files}
+    return compare(model, {name: load(name, paths) for name, paths in loaded.items()}, batches)
+
+
+def load(name: str, files: Mapping[str, Path]) -> Runner:
+    """Target `name`'s files, loaded to run; ExportError when they do not load."""
+    try:
+        return TARGETS[name].load(files)
+    except Exception as e:  # each runtime raises its own types for an unreadable file
+        raise ExportError(f"Export verification failed: an exported file does not load ({e}).") from None
+
+
+def compare(model: nn.Module, runners: Mapping[str, Runner], batches: dict[str, torch.Tensor]) -> dict:
+    """Each target's runner (by target name) against `model` on `batches`: the report the sidecar keeps
+    under `verification`; ExportError on any mismatch (the fix of the first target that failed)."""
+    report: dict[str, dict] = {}
+    failures, fixes = [], []
+    for name, batch in batches.items():
+        with torch.no_grad():
+            expected = model(batch).numpy()
+        scale = float(np.abs(expected).max())
+        bound = ATOL + RTOL * scale
+        for target, run in runners.items():
+            runtime = TARGETS[target].runtime
+            logits = run(batch.numpy())
+            diff = float(np.abs(logits - expected).max())
+            same_top1 = bool((logits.argmax(1) == expected.argmax(1)).all())
+            report.setdefault(runtime, {})[name] = {
+                "max_abs_diff": diff,
+                "max_abs_logit": scale,
+                "bound": bound,
+                "top1_equal": same_top1,
+            }
+            if not (diff <= bound and same_top1):
+                fixes.append(TARGETS[target].fix)
+                failures.append(
+                    f"{runtime} on {name}: max |logit diff| {diff:.2e} (bound {bound:.2e} for logits up "
+                    f"to {scale:.3g}), top-1 equal: {same_top1}"
+                )
+    if failures:
+        raise ExportError(
+            f"Export verification failed ({'; '.join(failures)}; bound {ATOL:g} + {RTOL:g} x max |logit|); "
+            "no file was kept.",
+            fixes[0],
+        )
+    tolerance = {"atol": ATOL, "rtol": RTOL, "rule": "max |diff| <= atol + rtol * max |logit|, per batch"}
+    return {"passed": True, "tolerance": tolerance, "batches": list(batches), "results": report}

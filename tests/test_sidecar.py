@@ -1,0 +1,118 @@
+"""The export sidecar as a type: written and read back whole, checked by every reader in one place."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from project.deploy import sidecar as sidecar_module
+from project.deploy.sidecar import VERSION, Sidecar
+from project.errors import UserError
+
+DOC = {
+    "version": 1,
+    "class_names": ["red", "green", "blue", "dark"],
+    "image_size": 16,
+    "task": "multiclass",
+    "input": {"name": "images", "shape": ["N", 3, 16, 16], "dtype": "uint8", "layout": "NCHW, RGB"},
+    "preprocessing": {"crop_ratio": 0.875, "normalization": {"mean": [0.5] * 3, "std": [0.25] * 3}},
+    "source_checkpoint": {"path": "/runs/x/last.ckpt", "sha256": "0" * 64},
+    "temperature": 1.5,
+    "ece_before": 0.1,
+    "ece_after": 0.05,
+    "calibration_images": 24,
+    "reliability": {
+        "bins": 2,
+        "before": {"confidence": [0.3, 0.8], "accuracy": [0.25, 0.9], "count": [10, 14]},
+        "after": {"confidence": [0.35, 0.75], "accuracy": [0.25, 0.9], "count": [11, 13]},
+    },
+    "unknown_score": "energy",
+    "unknown_accept": 0.95,
+    "unknown_quantiles": [float(q) for q in range(101)],
+    "unknown_threshold": 5.0,
+    "files": {"onnx": "m.onnx", "pt2": "m.pt2"},
+    "verification": {"passed": True},
+}
+
+
+def test_a_sidecar_round_trips_through_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text(Sidecar.from_dict(DOC, path).to_json())
+    loaded = Sidecar.load(path)
+    assert json.loads(path.read_text()) == DOC and loaded.to_dict() == DOC
+    assert loaded == Sidecar.from_dict(json.loads(json.dumps(DOC)), "elsewhere.json")
+    assert loaded.class_names == ("red", "green", "blue", "dark") and not loaded.multilabel
+    assert (loaded.image_size, loaded.crop_ratio, loaded.resize_to) == (16, 0.875, 18)
+    assert (loaded.temperature, loaded.unknown_threshold, loaded.unknown_accept) == (1.5, 5.0, 0.95)
+    assert loaded.files == {"onnx": "m.onnx", "pt2": "m.pt2"} and loaded.version == VERSION == 1
+    assert loaded.source_checkpoint == "/runs/x/last.ckpt"
+    assert loaded.calibration().threshold == 5.0 and loaded.calibration().temperature == 1.5
+    assert loaded.calibration(0.5).threshold == pytest.approx(50.0)  # the median validation score
+    assert loaded.public()["source_checkpoint"] == {"sha256": "0" * 64}  # serve shows no folder
+
+
+def test_a_sidecar_without_a_version_is_version_1() -> None:
+    before = {key: value for key, value in DOC.items() if key != "version"}  # written before it had one
+    read = Sidecar.from_dict(before, "old.json")
+    assert read.version == 1 and read.to_dict() == before
+
+
+def readers(folder: Path) -> dict[str, Callable[[], object]]:
+    """Each reader of an export's sidecar, pointed at `folder/m.json` (beside `m.onnx`, `last.ckpt`)."""
+    from project.callbacks.prediction_writer import export_of
+    from project.deploy.classifier import Classifier
+    from project.deploy.serve.models import load_model
+    from project.export.quantize import quantize_export
+    from project.report import write_reliability
+
+    return {
+        "infer": lambda: Classifier(folder / "m.onnx"),
+        "serve": lambda: load_model(folder / "m.onnx"),
+        "predict": lambda: export_of(folder / "last.ckpt"),  # the sidecar of the checkpoint predicted with
+        "quantize": lambda: quantize_export(folder / "m.onnx", datamodule=None),
+        "report": lambda: write_reliability(folder / "m.json", folder / "reliability.png"),
+    }
+
+
+TAMPERED = {
+    "a negative temperature": (
+        {"temperature": -1.0},
+        "Sidecar '{json}': 'temperature' is -1.0; expected a finite",
+    ),
+    "unknown_accept above 1": (
+        {"unknown_accept": 1.5},
+        "Sidecar '{json}': 'unknown_accept' is 1.5; expected a",
+    ),
+    "a newer version": (
+        {"version": VERSION + 1},
+        "Sidecar '{json}' was written by a newer version of this template (sidecar version 2; this one "
+        "reads up to version 1). Fix: upgrade the project",
+    ),
+}
+
+
+@pytest.mark.parametrize("reader", ["infer", "serve", "predict", "quantize", "report"])
+@pytest.mark.parametrize("case", TAMPERED)
+def test_each_reader_refuses_a_tampered_sidecar_through_the_one_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str, case: str
+) -> None:
+    changes, expected = TAMPERED[case]
+    (tmp_path / "m.onnx").write_bytes(b"")  # never opened: the sidecar is refused first
+    (tmp_path / "last.ckpt").write_bytes(b"")
+    source = {"path": str(tmp_path / "last.ckpt"), "sha256": "0" * 64}
+    (tmp_path / "m.json").write_text(json.dumps({**DOC, "source_checkpoint": source, **changes}))
+    checked = []
+    real_check = sidecar_module.check
+
+    def check(meta: object, path: Path | str) -> None:
+        checked.append(Path(path))
+        real_check(meta, path)
+
+    monkeypatch.setattr(sidecar_module, "check", check)
+    with pytest.raises(UserError) as refused:
+        readers(tmp_path)[reader]()
+    assert checked == [tmp_path / "m.json"]
+    assert expected.format(json=tmp_path / "m.json") in str(refused.value)
