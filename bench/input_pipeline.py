@@ -40,7 +40,7 @@ from torchvision.transforms.v2 import functional as F
 
 from project.data.dataset import ImageDataset
 from project.data.decode import load_rgb
-from project.data.index import scan_folder
+from project.data.folders import scan_folder
 from project.data.transforms import eval_transform, train_transform
 
 SIZE, RESIZE = 224, 256

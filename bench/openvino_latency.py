@@ -4,7 +4,7 @@
 
 For the default model (mobilenet_v3_small, 64 px) and resnet18 at 224 px, batch 1 and 8: the
 ONNX file as `export` writes it and the IR `export --format openvino` converts from it, each
-opened as `infer` and `serve` open them (`project.deploy.infer.open_session`), with the same
+opened as `infer` and `serve` open them (`project.deploy.classifier.open_session`), with the same
 thread count, in alternating blocks of runs. Prints the median milliseconds of each and the
 ratio onnxruntime / OpenVINO (> 1: OpenVINO faster), and the load average before and after
 (the runs share the machine). The last columns: OpenVINO at the CPU plugin's own precision
@@ -28,7 +28,7 @@ import onnxruntime as ort
 import openvino
 import torch
 
-from project.deploy.infer import open_session
+from project.deploy.classifier import open_session
 from project.deploy.openvino_runtime import OpenVINOSession
 from project.export.deployable import Deployable
 from project.export.onnx_target import write_torchscript

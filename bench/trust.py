@@ -37,7 +37,7 @@ import torch
 from project.data.index import list_images
 from project.data.shapes import generate_shapes
 from project.deploy import calibration
-from project.deploy.infer import Classifier
+from project.deploy.classifier import Classifier
 from project.export.fit_calibration import separation
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import torch
 from project.data.cache import auto_cache, decode_all
 from project.data.datamodule import ImageDataModule
 from project.data.dataset import CachedBatches
-from project.data.index import scan_folder
+from project.data.folders import scan_folder
 from project.errors import UserError
 from tests.helpers import write_image
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
@@ -120,9 +121,8 @@ def test_every_callback_is_registered_in_the_one_table() -> None:
     from project import callbacks, cli
 
     registered = {c for c, _ in cli.CALLBACKS.values()} | set(cli.BUILT_IN)
-    # SweepTrial: added by `sweep` to its trials with --trainer.callbacks+=; AtomicSaveConfig: LightningCLI's
-    # save_config_callback, which the CLI itself adds
-    extras = {"SweepTrial", "AtomicSaveConfig"}
+    # AtomicSaveConfig: LightningCLI's save_config_callback, which the CLI itself adds
+    extras = {"AtomicSaveConfig"}
     ours = {
         obj
         for info in pkgutil.iter_modules(callbacks.__path__, f"{callbacks.__name__}.")
@@ -159,3 +159,53 @@ def test_the_deployment_side_imports_neither_torch_nor_lightning() -> None:
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_user_errors_end_a_command_in_one_place() -> None:
+    """errors.exits_on_user_error is the one block that prints a UserError and exits: no copies, and no
+    `sys.exit("error: ...")` (that exits with status 1, not 2)."""
+    package = Path(project.__file__).parent
+    printing = sorted(
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*.py")
+        if re.search(r"""error: \{user_message|sys\.exit\(f?["']""", path.read_text())
+    )
+    assert printing == ["errors.py"]
+
+
+def test_no_import_cycles_between_the_rooms_of_the_package() -> None:
+    """A room is a top-level module (cli, model, trainer, ...) or a subpackage (data, deploy, callbacks,
+    sweep, audit); its imports, those inside functions included, never lead back to it through other rooms."""
+    package, top = Path(project.__file__).parent, project.__name__
+
+    def room(name: str) -> str:  # <package>.data.index -> data; <package>.cli -> cli
+        return name.split(".")[1] if name.count(".") else name
+
+    graph: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        source = room(".".join((top, *path.relative_to(package).with_suffix("").parts)))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == top:
+                names = [f"{top}.{a.name}" for a in node.names]  # the modules of `from <package> import a, b`
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                if name.startswith(f"{top}.") and room(name) != source:
+                    graph.setdefault(source, set()).add(room(name))
+
+    def cycle_from(start: str) -> list[str] | None:  # depth-first: the first path back to start
+        stack = [(start, [start])]
+        seen = set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == start:
+                    return [*path, start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+        return None
+
+    cycles = [" -> ".join(cycle) for start in sorted(graph) if (cycle := cycle_from(start))]
+    assert cycles == []

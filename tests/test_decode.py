@@ -18,7 +18,7 @@ from project.data.decode import (
     load_rgb,
     read_rgb,
 )
-from project.deploy.infer import Classifier
+from project.deploy.classifier import Classifier
 from project.deploy.serve import bodies
 from tests.helpers import write_image
 from tests.test_serve import tiny_export

@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 
 from project import deploy
-from project.deploy.infer import Classifier
+from project.deploy.classifier import Classifier
 from tests.test_serve import encode, point_latest, predict, tiny_export
 
 REPO = Path(__file__).resolve().parents[1]

@@ -214,8 +214,10 @@ def test_infer_errors_are_one_message(trained: Path, tmp_path: Path, capsys) -> 
     assert exited.value.code == 2
     assert re.match(r"error: Need the model and its sidecar: '.*nope.onnx'", capsys.readouterr().err)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SystemExit, match=r"error: no image files in .*empty"):
+    with pytest.raises(SystemExit) as exited:
         main(["--model", str(run_dir(trained) / "latest.onnx"), str(tmp_path / "empty")])
+    assert exited.value.code == 2
+    assert re.match(r"error: no image files in .*empty.*\. Fix: pass image files", capsys.readouterr().err)
 
 
 def test_a_bad_validation_image_is_skipped_by_the_end_of_fit_export(

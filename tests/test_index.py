@@ -3,7 +3,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from project.data.index import list_images, scan_folder, stratified_split
+from project.data.folders import scan_folder
+from project.data.index import list_images, stratified_split
 from project.errors import UserError
 from tests.helpers import write_image
 

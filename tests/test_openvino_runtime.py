@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from project.deploy.infer import Classifier
+from project.deploy.classifier import Classifier
 from project.deploy.infer import main as infer_main
 from project.deploy.serve.command import main as serve_main
 from tests.test_infer import infer
@@ -107,11 +107,10 @@ def test_without_openvino_an_ir_is_one_error_line(
         infer_main(["--model", str(exported / "m.xml"), str(images)])
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [needs]
-    with pytest.raises(
-        SystemExit, match=r"^error: Running the OpenVINO model .* Fix: install it with"
-    ) as served:
+    with pytest.raises(SystemExit) as served:
         serve_main(["--model", str(exported / "m.xml"), "--port", "0"])
-    assert str(served.value) == needs
+    assert served.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [needs]
 
 
 def test_an_ir_whose_weights_are_missing_is_one_error_naming_it(

@@ -16,8 +16,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from project.callbacks.prediction_writer import PredictionWriter
+from project.csv_cells import original_cell, spreadsheet_cell
 from project.data.dataset import FileDataset, collate_skipping_none
-from project.deploy.prediction_csv import original_cell, spreadsheet_cell
 from project.errors import UserError
 from tests.helpers import tiny_trainer
 

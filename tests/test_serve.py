@@ -12,6 +12,7 @@ import http.client
 import io
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -32,7 +33,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
-from project.deploy.infer import Classifier
+from project.deploy.classifier import Classifier
 from project.deploy.serve import app as serve_app
 from project.deploy.serve.app import Prepared, Settings, run_batch
 from project.deploy.serve.batching import Batcher
@@ -671,36 +672,55 @@ def test_sigterm_stops_cleanly_and_torch_is_never_imported(
     assert "imported torch: False" in served.log()
 
 
-def test_startup_errors_are_one_message(exports: Path, tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match=r"error: Model '.*nope.onnx' does not exist. Fix: pass --model"):
-        serve_main(["--model", str(tmp_path / "nope.onnx")])
+def startup_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
+    """What `serve` with these arguments prints: one `error:` line, after exiting with status 2."""
+    with pytest.raises(SystemExit) as exited:
+        serve_main(args)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_startup_errors_are_one_message(
+    exports: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = str(exports / "latest.onnx")
+    assert re.search(
+        r"error: Model '.*nope.onnx' does not exist. Fix: pass --model",
+        startup_error(capsys, ["--model", str(tmp_path / "nope.onnx")]),
+    )
     (tmp_path / "alone.onnx").write_bytes((exports / "run-a.onnx").read_bytes())
-    with pytest.raises(SystemExit, match=r"error: Need the model and its sidecar: .*'.*alone.json'"):
-        serve_main(["--model", str(tmp_path / "alone.onnx")])
-    with pytest.raises(SystemExit, match=r"--max_batch_size=0 is out of range: it must be an integer >= 1"):
-        serve_main(["--model", str(exports / "latest.onnx"), "--max_batch_size", "0"])
-    with pytest.raises(SystemExit, match=r"--sample_fraction is set but --sample_dir is not"):
-        serve_main(["--model", str(exports / "latest.onnx"), "--sample_fraction", "0.1"])
+    assert re.search(
+        r"error: Need the model and its sidecar: .*'.*alone.json'",
+        startup_error(capsys, ["--model", str(tmp_path / "alone.onnx")]),
+    )
+    mistakes = {
+        r"--max_batch_size=0 is out of range: it must be an integer >= 1": ["--max_batch_size", "0"],
+        r"--sample_fraction is set but --sample_dir is not": ["--sample_fraction", "0.1"],
+        r"reload token \(--reload_token or \$PROJECT_RELOAD_TOKEN\) has 5": ["--reload_token", "short"],
+        r"--max_body_memory_mb=10.0 is out of range: .* >= --max_body_mb \(20\)": [
+            "--max_body_memory_mb",
+            "10",
+        ],
+        r"--header_timeout=0.0 is out of range": ["--header_timeout", "0"],
+    }
+    for pattern, flags in mistakes.items():
+        assert re.search(pattern, startup_error(capsys, ["--model", model, *flags])), pattern
     (tmp_path / "file").write_text("")
-    with pytest.raises(SystemExit, match=r"Cannot keep samples in --sample_dir '.*file/samples'"):
-        serve_main(["--model", str(exports / "latest.onnx"), "--sample_fraction", "0.1", "--sample_dir",
-                    str(tmp_path / "file" / "samples")])  # fmt: skip
-    with pytest.raises(SystemExit, match=r"reload token \(--reload_token or \$PROJECT_RELOAD_TOKEN\) has 5"):
-        serve_main(["--model", str(exports / "latest.onnx"), "--reload_token", "short"])
-    with pytest.raises(
-        SystemExit, match=r"--max_body_memory_mb=10.0 is out of range: .* >= --max_body_mb \(20\)"
-    ):
-        serve_main(["--model", str(exports / "latest.onnx"), "--max_body_memory_mb", "10"])
-    with pytest.raises(SystemExit, match=r"--header_timeout=0.0 is out of range"):
-        serve_main(["--model", str(exports / "latest.onnx"), "--header_timeout", "0"])
+    samples = str(tmp_path / "file" / "samples")
+    assert re.search(
+        r"Cannot keep samples in --sample_dir '.*file/samples'",
+        startup_error(capsys, ["--model", model, "--sample_fraction", "0.1", "--sample_dir", samples]),
+    )
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        with pytest.raises(
-            SystemExit, match=rf"error: Cannot listen on 127.0.0.1:{port}: .*Fix: pass another"
-        ):
-            serve_main(["--model", str(exports / "latest.onnx"), "--port", port])
+        assert re.search(
+            rf"error: Cannot listen on 127.0.0.1:{port}: .*Fix: pass another",
+            startup_error(capsys, ["--model", model, "--port", port]),
+        )
 
 
 def test_batcher_fills_batches_up_to_the_size_and_waits_only_for_announced_items() -> None:

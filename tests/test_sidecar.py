@@ -63,7 +63,7 @@ def test_a_sidecar_without_a_version_is_version_1() -> None:
 def readers(folder: Path) -> dict[str, Callable[[], object]]:
     """Each reader of an export's sidecar, pointed at `folder/m.json` (beside `m.onnx`, `last.ckpt`)."""
     from project.callbacks.prediction_writer import export_of
-    from project.deploy.infer import Classifier
+    from project.deploy.classifier import Classifier
     from project.deploy.serve.models import load_model
     from project.export.quantize import quantize_export
     from project.report import write_reliability

@@ -26,10 +26,10 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
 
 import project
-from project.callbacks.sweep_trial import ENV, PRUNED_AT, SweepTrial
 from project.errors import UserError
 from project.sweep import command
 from project.sweep.settings import parse_argv
+from project.sweep.trial import ENV, PRUNED_AT, SweepTrial
 from tests.helpers import exit_status, fast_args, run_cli, tiny_trainer
 
 SPACE = {
@@ -530,8 +530,7 @@ def test_two_processes_one_killed_then_rerun(workdir: Path, shapes_root: Path) -
     assert "name" not in best and best["checkpoint"]["dirpath"] is None
     assert best["model"]["optimizer"]["init_args"]["lr"] == study.best_params["model.optimizer.init_args.lr"]
     assert all(
-        c["class_path"] != "project.callbacks.sweep_trial.SweepTrial"
-        for c in best["trainer"]["callbacks"] or []
+        c["class_path"] != "project.sweep.trial.SweepTrial" for c in best["trainer"]["callbacks"] or []
     )
     assert (folder / "optimization_history.png").stat().st_size > 1000
     assert (folder / "parallel_coordinate.png").stat().st_size > 1000
@@ -592,7 +591,7 @@ def test_a_trial_whose_sweep_process_dies_stops(tmp_path: Path) -> None:
     """The fit of a SIGKILLed sweep process gets SIGTERM (GracefulStop: last.ckpt, exit) within seconds."""
     ready = tmp_path / "ready"
     fit = (
-        "import os, time\nfrom project.callbacks.sweep_trial import _stop_when_orphaned\n"
+        "import os, time\nfrom project.sweep.trial import _stop_when_orphaned\n"
         f"_stop_when_orphaned(os.getppid())\nopen({str(ready)!r}, 'w').close()\ntime.sleep(120)\n"
     )
     sweep = (

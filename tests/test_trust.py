@@ -14,7 +14,7 @@ from PIL import Image
 from project.data.shapes import CLASSES
 from project.deploy import calibration
 from project.deploy.calibration import Calibration
-from project.deploy.infer import Classifier
+from project.deploy.classifier import Classifier
 from project.deploy.infer import main as infer_main
 from project.deploy.serve.app import Prepared, answer, run_batch
 from project.deploy.serve.models import load_model

@@ -1,13 +1,18 @@
 """The one entry point, of `python -m project ...` and of the installed `project` script: dispatch only.
 
-infer, serve, report, new, doctor, sweep, audit and models skip LightningCLI (and most of them torch):
-they go first.
+infer, serve, report, doctor, new, sweep, audit and models have a module of their own and skip the
+training CLI (most of them torch too): they go first. Everything else is a LightningCLI subcommand of
+project.cli: fit, validate, test, predict and the Trainer's export, memory, lr_find and
+batch_size_find. Every command's main ends a user's mistake the same way
+(project.errors.exits_on_user_error).
 """
 
 from __future__ import annotations
 
 import sys
 from importlib import import_module
+
+from project.errors import UserError, exits_on_user_error
 
 # command -> module whose main(argv) runs it; everything else is a LightningCLI subcommand (project.cli)
 COMMANDS = {
@@ -22,6 +27,7 @@ COMMANDS = {
 }
 
 
+@exits_on_user_error
 def main() -> None:
     command = sys.argv[1] if len(sys.argv) > 1 else None
     try:
@@ -30,13 +36,11 @@ def main() -> None:
         if not (e.name or "").startswith(f"{__package__}."):
             raise
         # the serving install (deploy/pyproject.toml) ships project.deploy and the modules it needs only
-        print(
-            f"error: `{command or 'fit'}` is not part of this install, which runs only `infer` and `serve` "
-            "(the serving install, without torch). Fix: install the training package (pip install . in a "
-            "checkout) on a machine that trains.",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        raise UserError(
+            f"`{command or 'fit'}` is not part of this install, which runs only `infer` and `serve` "
+            "(the serving install, without torch).",
+            "install the training package (pip install . in a checkout) on a machine that trains.",
+        ) from None
     if command in COMMANDS:
         run(sys.argv[2:])
     else:

@@ -34,7 +34,7 @@ from project.callbacks.save_config import AtomicSaveConfig
 from project.checkpoint_values import checkpoint_layer
 from project.config_checks import check_cli_config
 from project.data.datamodule import ImageDataModule
-from project.errors import UserError, user_message
+from project.errors import UserError, exits_on_user_error
 from project.model import ImageClassifier
 from project.runs import CHECKPOINTS, LOGS, debug_run_name, eval_run_name, fit_run_name, newest_run
 from project.trainer import Trainer
@@ -300,10 +300,7 @@ def packaged_config(path: str) -> str:
     return str(packaged) if packaged.is_file() else path
 
 
+@exits_on_user_error
 def main(args: list[str] | None = None) -> None:
-    """Entry point of `python -m project`: user mistakes end in one message and exit status 2."""
-    try:
-        ProjectCLI(args=args)
-    except UserError as e:
-        print(f"error: {user_message(e)}", file=sys.stderr)
-        sys.exit(2)
+    """Entry point of the LightningCLI subcommands (fit, validate, export, lr_find, ...)."""
+    ProjectCLI(args=args)

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from project.errors import UserError, exits_on_user_error
+
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "onnx", "onnxruntime")
 GiB = 2**30
 
@@ -224,6 +226,7 @@ def writable(folder: Path) -> bool:
     return True
 
 
+@exits_on_user_error
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m project doctor",
@@ -236,6 +239,16 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers to start.")
     args = parser.parse_args(argv)
+    if args.workers < 0:
+        raise UserError(
+            f"--workers {args.workers} is not a number of DataLoader workers: it must be 0 or more.",
+            "pass e.g. --workers 2 (0 loads the data in the main process).",
+        )
+    if not args.min_free_gb >= 0:  # also NaN
+        raise UserError(
+            f"--min_free_gb {args.min_free_gb} is not a size: it must be 0 or more.",
+            "pass e.g. --min_free_gb 5.",
+        )
     report = Report()
     check_versions(report)
     check_devices(report)

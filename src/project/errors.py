@@ -1,8 +1,14 @@
 """The one exception type for mistakes a user can fix: printed as a message, never as a traceback."""
 
+import functools
 import re
+import sys
+from collections.abc import Callable
+from typing import ParamSpec
 
 from project.terminal import printable
+
+P = ParamSpec("P")
 
 # How a DataLoader worker's re-raised exception ends: "...\nproject.errors.UserError: <message>\n"
 _WORKER_TAIL = re.compile(r"\n(?:[\w.]+\.)?\w*Error: (?P<message>.*?)\s*\Z", re.DOTALL)
@@ -26,3 +32,18 @@ def user_message(error: BaseException) -> str:
         return printable(text)
     tail = _WORKER_TAIL.search(text.rsplit("Traceback (most recent call last):", 1)[-1])
     return printable(tail.group("message")) if tail else text
+
+
+def exits_on_user_error(main: Callable[P, None]) -> Callable[P, None]:
+    """The one error path of every command's `main`: a UserError ends the command with one line,
+    `error: <problem> Fix: <fix>` on stderr, and exit status 2 (as argparse's own usage errors)."""
+
+    @functools.wraps(main)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            main(*args, **kwargs)
+        except UserError as e:
+            print(f"error: {user_message(e)}", file=sys.stderr)
+            sys.exit(2)
+
+    return run

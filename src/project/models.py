@@ -15,7 +15,7 @@ import difflib
 import fnmatch
 import sys
 
-from project.errors import UserError, user_message
+from project.errors import UserError, exits_on_user_error
 
 
 def matching(names: list[str], pattern: str | None) -> list[str]:
@@ -79,6 +79,7 @@ def _shown(config: dict) -> str:
     )
 
 
+@exits_on_user_error
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m project models",
@@ -90,21 +91,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--pretrained", action="store_true", help="only models with pretrained weights")
     args = parser.parse_args(argv)
+    rows = torchvision_rows(args.pattern, args.pretrained)
     try:
-        rows = torchvision_rows(args.pattern, args.pretrained)
-        try:
-            rows += timm_rows(args.pattern, args.pretrained)
-        except UserError:
-            # timm is optional: say so once, after whatever torchvision has
-            print(
-                "(timm is not installed: pip install -e '.[timm]' adds timm/<name> backbones)",
-                file=sys.stderr,
-            )
-        if not rows:
-            raise UserError(f"No backbone matches '{args.pattern}'.", _hint(args.pattern))
-    except UserError as e:
-        print(f"error: {user_message(e)}", file=sys.stderr)
-        sys.exit(2)
+        rows += timm_rows(args.pattern, args.pretrained)
+    except UserError:
+        # timm is optional: say so once, after whatever torchvision has
+        print("(timm is not installed: pip install -e '.[timm]' adds timm/<name> backbones)", file=sys.stderr)
+    if not rows:
+        raise UserError(f"No backbone matches '{args.pattern}'.", _hint(args.pattern))
     print("\n".join(rows))
 
 

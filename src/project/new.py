@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from project.errors import UserError, user_message
+from project.errors import UserError, exits_on_user_error
 from project.terminal import printable
 
 # The package being copied: the old name in the copy, whatever this package is called today.
@@ -373,16 +373,13 @@ def _git_commit(folder: Path, name: str) -> str | None:
     return run("rev-parse", "--short", "HEAD")
 
 
+@exits_on_user_error
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE} new", description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path, help="folder to create (must not exist, or be empty)")
     parser.add_argument("--name", required=True, help="the new package name, a Python identifier")
     args = parser.parse_args(argv)
-    try:
-        count, commit = create(args.dest, args.name)
-    except UserError as e:
-        print(f"error: {user_message(e)}", file=sys.stderr)
-        sys.exit(2)
+    count, commit = create(args.dest, args.name)
     note = f"git commit {commit}" if commit else "no git repository: git is not installed"
     dest = printable(str(args.dest))  # a folder name could hold terminal control characters
     print(

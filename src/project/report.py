@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import html
 import io
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from matplotlib.figure import Figure
 from project import figures
 from project.atomic import atomic_write
 from project.deploy.sidecar import Sidecar
-from project.errors import UserError, user_message
+from project.errors import UserError, exits_on_user_error
 from project.runs import CHECKPOINTS, LOGS
 
 CLASS_ACC = "val_class_acc/"
@@ -261,14 +260,11 @@ def draw_reliability(export: Sidecar) -> Figure:
     return figure
 
 
+@exits_on_user_error
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m project report", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="run name (a folder in logs/) or path of a run folder")
     parser.add_argument("--output", help="PNG to write (default: report.png in the run folder)")
     args = parser.parse_args(argv)
-    try:
-        png = report(args.run, args.output)
-    except UserError as e:
-        print(f"error: {user_message(e)}", file=sys.stderr)
-        sys.exit(2)
+    png = report(args.run, args.output)
     print(f"Report written to {png} and {png.with_suffix('.html')}")

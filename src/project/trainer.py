@@ -1,4 +1,5 @@
-"""The Lightning Trainer plus `export` and `memory` methods, which LightningCLI turns into subcommands."""
+"""The Lightning Trainer plus the `export`, `memory`, `lr_find` and `batch_size_find` methods, which
+LightningCLI turns into subcommands (`audit` has its own CLI: project.audit.command)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from project import memory, tuning
+from project import memory_budget, tuning
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
 from project.errors import UserError
 from project.export import export_checkpoint, validation_images
@@ -70,8 +71,8 @@ class Trainer(L.Trainer):
             model: The model as `fit` would build it.
             datamodule: Gives the batch size and image size.
         """
-        budget = memory.measure(model, self, datamodule.batch_size, datamodule.image_size)
-        print(memory.report(budget, self.accumulate_grad_batches))
+        budget = memory_budget.measure(model, self, datamodule.batch_size, datamodule.image_size)
+        print(memory_budget.report(budget, self.accumulate_grad_batches))
 
     def lr_find(
         self,

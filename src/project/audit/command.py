@@ -31,7 +31,7 @@ from project.audit.timing import default_folds, measure_step, plan_folds, runs_o
 from project.cli import ProjectCLI, config_folder, packaged_configs
 from project.config_checks import check_cli_config, positive_int, require
 from project.data.dataset import ImageDataset
-from project.errors import UserError, user_message
+from project.errors import UserError, exits_on_user_error
 from project.runs import LOGS, lock_run, new_run_name
 
 # fit's Trainer options that also shape the fold runs; devices, logger and checkpoints are the audit's
@@ -283,16 +283,14 @@ def require_cleanlab() -> None:
         )
 
 
+@exits_on_user_error
 def main(argv: list[str]) -> None:
-    """Entry point of `python -m project audit`: user mistakes end in one message and exit status 2."""
+    """Entry point of `python -m project audit`; a first Ctrl-C stops it with nothing half-written."""
     try:
         with stop_on_ctrl_c():
             require_cleanlab()
             cli = AuditCLI(argv)
             audit(cli)
-    except UserError as e:
-        print(f"error: {user_message(e)}", file=sys.stderr)
-        sys.exit(2)
     except Stopped:
         sys.stdout.flush()
         print(

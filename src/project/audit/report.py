@@ -18,9 +18,9 @@ from project.audit.duplicates import Pair
 from project.audit.folds import FoldOutputs
 from project.audit.images import AuditImages
 from project.audit.labels import LabelIssues
+from project.csv_cells import spreadsheet_cell
 from project.data.index import ImageIndex
 from project.data.skipped import SkipLog
-from project.deploy.prediction_csv import spreadsheet_cell
 
 THUMB = 112
 # The fold models count as near chance below this share of the way from chance accuracy to perfect:

@@ -1,4 +1,4 @@
-"""The dataset index: image paths and labels as flat numpy arrays, found in ImageFolder layout."""
+"""The dataset index: image paths and labels as flat numpy arrays, and the listing of image files."""
 
 from __future__ import annotations
 
@@ -109,51 +109,6 @@ def _follow(dirpath: str, name: str, indexed: list[str]) -> bool:
         return False
     indexed.append(target)
     return True
-
-
-def class_folders(root: Path) -> list[str]:
-    """The visible sub-folders of `root`, sorted: each one is a class."""
-    if not root.is_dir():
-        raise UserError(
-            f"Data folder '{root}' does not exist (or is not a folder).",
-            "set --data.root to a folder with one sub-folder of images per class "
-            "(or train/ and val/ folders that each have them).",
-        )
-    names = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    if not names:
-        raise UserError(
-            f"Data folder '{root}' has no class sub-folders.",
-            "put the images of each class in its own folder, "
-            f"e.g. '{root}/cat/001.jpg', '{root}/dog/002.jpg'.",
-        )
-    return names
-
-
-def scan_folder(root: Path, class_names: list[str] | None = None) -> ImageIndex:
-    """Index `root/<class>/**/<image>`; with `class_names`, the folders must be exactly those classes."""
-    found = class_folders(root)
-    if class_names is not None and found != list(class_names):
-        missing = sorted(set(class_names) - set(found))
-        extra = sorted(set(found) - set(class_names))
-        raise UserError(
-            f"Class folders in '{root}' differ from the training classes: "
-            f"missing {missing}, unexpected {extra}.",
-            f"give every split the same class sub-folders (the training classes are {list(class_names)}).",
-        )
-    paths: list[str] = []
-    labels: list[int] = []
-    indexed = [os.path.realpath(root)] + [os.path.realpath(root / name) for name in found]
-    for label, name in enumerate(found):
-        files = list_images(root / name, indexed)
-        if not files:
-            raise UserError(
-                f"Class folder '{root / name}' has no images "
-                f"(looked for {', '.join(sorted(IMAGE_EXTENSIONS))} in any case).",
-                "add images to it or remove the folder.",
-            )
-        paths.extend(os.path.join(name, f) for f in files)
-        labels.extend([label] * len(files))
-    return ImageIndex.from_listing(root, paths, labels, tuple(found))
 
 
 def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

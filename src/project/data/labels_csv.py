@@ -9,7 +9,7 @@ Labels are separated by `delimiter` (default: whitespace); the label names are a
 occur, sorted. `split` (train, val or test) is optional: without it, --data.val_split holds out a
 seeded random fraction.
 
-Cells follow the predictions CSV's spreadsheet rule (`project.deploy.prediction_csv`): a `'` that guards
+Cells follow the spreadsheet rule of every CSV here (`project.csv_cells`): a `'` that guards
 a formula character (`'=1+2.png`) is dropped, so a list built from `audit`'s or `predict`'s CSVs
 names the same files and labels.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from project.csv_cells import original_cell
 from project.data.index import HoldOut, ImageIndex, Splits
-from project.deploy.prediction_csv import original_cell
 from project.errors import UserError
 
 SPLITS = ("train", "val", "test")

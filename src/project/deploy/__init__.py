@@ -1,6 +1,7 @@
 """The deployment side: what runs an exported model, without torch or lightning.
 
-`infer` (a folder of images to a CSV), `serve` (an HTTP service with dynamic batching), the
+`infer` (a folder of images to a CSV) and `serve` (an HTTP service with dynamic batching), which both
+answer through `classifier` (an export loaded with its sidecar and checked), the
 predictions CSV they and `predict` share (`prediction_csv`) and the calibration applied to logits
 (`calibration`: temperature and the unknown threshold, numpy only). They read an export's ONNX file
 and its JSON sidecar through onnxruntime, numpy and Pillow: `tests/test_conventions.py` checks that

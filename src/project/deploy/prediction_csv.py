@@ -11,39 +11,20 @@ UTF-8, except that a file name which is not (a name is bytes on Linux) keeps its
 (Python's "surrogateescape"): every name the file system can hold is written, and reading the CSV
 with `errors="surrogateescape"` gives back the exact name.
 
-Names are data, never formulas: a cell that a spreadsheet would evaluate (it starts with = + - @, a
-tab or a carriage return, as OWASP's "CSV injection" page lists) is written with a leading `'`
-(`spreadsheet_cell`). So that every name stays exact, a cell of `'`s before such a character gets one
-more `'` too; a reader removes one leading `'` where `'`s precede such a character (`original_cell`).
-The audit's CSVs follow the same rule, and the labels CSV of `--data.labels_csv` is read with it.
+Names are data, never formulas: each name cell follows the spreadsheet rule of `project.csv_cells`
+(`=1+2.png` is written `'=1+2.png`; `csv_cells.original_cell` gives the name back).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from project.csv_cells import spreadsheet_cell
+
 ENCODING = "utf-8"
 ERRORS = "surrogateescape"  # os.fsdecode's way back to a name's bytes
-
-# a spreadsheet evaluates a cell that starts with one of these (after any `'`s of ours: see below)
-_FORMULA = re.compile(r"'*[=+\-@\t\r]")
-
-
-def spreadsheet_cell(text: str) -> str:
-    """`text` as a CSV cell that no spreadsheet evaluates: `'` first where it would start a formula.
-
-    Cells that already start with `'`s before such a character get one more, so `original_cell`
-    gives back every text exactly (`=1+2.png` -> `'=1+2.png`, `'=x` -> `''=x`, `'a` stays).
-    """
-    return f"'{text}" if _FORMULA.match(text) else text
-
-
-def original_cell(cell: str) -> str:
-    """The text that `spreadsheet_cell` wrote as `cell`."""
-    return cell[1:] if cell.startswith("'") and _FORMULA.match(cell) else cell
 
 
 def open_csv(path: Path) -> TextIO:

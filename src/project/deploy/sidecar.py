@@ -7,7 +7,7 @@ wrong value does not fail loudly later (a negative temperature inverts the ranki
 answers every image `unknown`, a string where the class names belong lists its letters as
 classes), so each such value is refused with one message naming the file and the key. Whether the
 class names fit the model's outputs is checked where the model is loaded
-(`project.deploy.infer.Classifier`).
+(`project.deploy.classifier.Classifier`).
 
 The format has a `version` (absent: 1, the sidecars written before it had one). A reader refuses a
 sidecar from a newer template, whose keys it may misread, with one message saying to upgrade.

@@ -37,8 +37,7 @@ except ImportError:  # Windows: one process per study file
 import optuna
 from optuna.trial import TrialState
 
-from project.callbacks.sweep_trial import ENV, PRUNED_AT
-from project.errors import UserError, user_message
+from project.errors import UserError, exits_on_user_error
 from project.runs import CHECKPOINTS, LOGS
 from project.sweep.options import check_space_keys, fit_options
 from project.sweep.settings import (
@@ -52,8 +51,9 @@ from project.sweep.settings import (
     suggest,
 )
 from project.sweep.summary import summarize
+from project.sweep.trial import ENV, PRUNED_AT
 
-CALLBACK = "project.callbacks.sweep_trial.SweepTrial"
+CALLBACK = "project.sweep.trial.SweepTrial"
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
 MAX_FAILURES = 3  # trials in a row that crash: stop instead of burning the whole budget
 
@@ -368,8 +368,9 @@ def _describe(running: list[optuna.trial.FrozenTrial]) -> str:
     return ", ".join(f"trial {t.number} ({t.user_attrs.get('host', 'starting')})" for t in running)
 
 
+@exits_on_user_error
 def main(argv: list[str]) -> None:
-    """Run the sweep (or only its summary); user mistakes end in one message and exit status 2."""
+    """Run the sweep (or only its summary)."""
     if {"-h", "--help"} & set(argv):
         print(f"usage: {__doc__.strip()}")
         return
@@ -381,9 +382,6 @@ def main(argv: list[str]) -> None:
             check_run_folders(study, command.sweep)
             Sweeper(command, study).run()
         summarize(study, command)
-    except UserError as e:
-        print(f"error: {user_message(e)}", file=sys.stderr)
-        sys.exit(2)
     except KeyboardInterrupt:
         print(
             "\ninterrupted: the running trial is marked failed; the same command continues the study.",

@@ -22,7 +22,7 @@ from project.runs import LOGS
 from project.sweep.options import check_run_name, check_space_keys, fit_options, trial_params
 from project.sweep.settings import Command, flag
 
-CALLBACK_CLASS = "SweepTrial"  # project.callbacks.sweep_trial: meaningless outside a sweep
+CALLBACK_CLASS = "SweepTrial"  # project.sweep.trial: meaningless outside a sweep
 PICTURES = ("optimization_history", "param_importances", "parallel_coordinate")
 
 

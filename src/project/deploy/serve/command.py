@@ -16,13 +16,12 @@ import contextlib
 import os
 import signal
 import socket
-import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from project.config_checks import positive_int, require
-from project.errors import UserError, user_message
+from project.errors import UserError, exits_on_user_error
 
 DESCRIPTION = "Serve an exported model over HTTP with dynamic batching (onnxruntime or OpenVINO; no torch)."
 TOKEN_VARIABLE = "PROJECT_RELOAD_TOKEN"
@@ -251,10 +250,8 @@ def serve(args: argparse.Namespace) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
+@exits_on_user_error
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    try:
-        check(args)
-        serve(args)
-    except UserError as e:
-        sys.exit(f"error: {user_message(e)}")
+    check(args)
+    serve(args)

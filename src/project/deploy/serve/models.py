@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from project.deploy.infer import Classifier
+from project.deploy.classifier import Classifier
 from project.deploy.openvino_runtime import is_openvino
 from project.errors import UserError
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from project.memory import ActivationCounter, MemoryBudget, advice
+from project.memory_budget import ActivationCounter, MemoryBudget, advice
 from project.model import ImageClassifier
 from tests.helpers import fast_args, run_cli
 

@@ -35,7 +35,7 @@ class SweepTrial(Callback):
     def __init__(self) -> None:
         if ENV not in os.environ:
             raise UserError(
-                "project.callbacks.sweep_trial.SweepTrial reports to a `python -m project sweep` trial, "
+                "project.sweep.trial.SweepTrial reports to a `python -m project sweep` trial, "
                 "and this fit was not started by one.",
                 "remove it from trainer.callbacks (logs/<study>/best.yaml runs without it).",
             )

@@ -1,0 +1,1 @@
+../../../src/project/csv_cells.py

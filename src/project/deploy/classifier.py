@@ -1,0 +1,187 @@
+"""An exported model with its sidecar, ready to classify: onnxruntime (or OpenVINO), numpy and Pillow only.
+
+`infer` (files -> CSV) and `serve` (HTTP) both answer through `Classifier`: the same decoding as
+training (`project.data.decode`), the resize and centre crop of validation, the export's calibration
+and unknown threshold (`project.deploy.calibration`); `open_session` opens an .onnx file with
+onnxruntime and an OpenVINO IR (.xml) with OpenVINO. Importing this module imports neither torch nor
+lightning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from PIL import Image
+
+from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
+from project.deploy.calibration import UNKNOWN
+from project.deploy.openvino_runtime import OpenVINOSession, is_openvino
+from project.deploy.sidecar import Sidecar
+from project.errors import UserError
+
+
+class Answer(NamedTuple):
+    """One image's answer: its top-k classes and probabilities, and whether it is `unknown`."""
+
+    path: Path
+    names: list[str]
+    probabilities: list[float]
+    unknown: bool = False
+    score: float | None = None  # the unknown score, when the export has a threshold
+
+    @property
+    def class_name(self) -> str:
+        return UNKNOWN if self.unknown else self.names[0]
+
+
+class Classifier:
+    """An exported model and its sidecar: `classify(paths)` -> Answer per file (top-k names, probabilities).
+
+    `unknown_accept` overrides the share of validation images the export's unknown threshold
+    accepts (0: never answer `unknown`).
+    """
+
+    def __init__(
+        self, model: str | Path, threads: int | None = None, unknown_accept: float | None = None
+    ) -> None:
+        model = Path(model)
+        sidecar = model.with_suffix(".json")
+        if not model.is_file() or not sidecar.is_file():
+            raise UserError(
+                f"Need the model and its sidecar: '{model}' and '{sidecar}'.",
+                "pass an .onnx (or an OpenVINO .xml) written by `python -m project export`.",
+            )
+        self.sidecar = Sidecar.load(sidecar)  # every value below is checked there
+        self.class_names = list(self.sidecar.class_names)
+        self.task = self.sidecar.task
+        self.threshold = self.sidecar.threshold
+        self.size = self.sidecar.image_size
+        self.resize_to = self.sidecar.resize_to
+        self.calibration = self.sidecar.calibration(unknown_accept)
+        self.session = open_session(model, threads)
+        self._check_fits(model, sidecar)
+
+    def _check_fits(self, model: Path, sidecar: Path) -> None:
+        """Run one blank image: the model must take the sidecar's image size and give a logit per class.
+
+        Also the warm-up: the first run allocates and plans, here rather than in the first request.
+        """
+        fix = "keep each export's .onnx and .json together as `python -m project export` wrote them."
+        try:
+            logits = self.logits(np.zeros((1, 3, self.size, self.size), dtype=np.uint8))
+        except Exception as e:  # onnxruntime's own types: wrong input name, size or type
+            raise UserError(
+                f"Model '{model}' does not take the input its sidecar '{sidecar}' describes "
+                f"(uint8 images [N, 3, {self.size}, {self.size}] named 'images', logits out): "
+                f"{' '.join(str(e).split())[:300]}.",
+                fix,
+            ) from None
+        if logits.shape != (1, len(self.class_names)):
+            raise UserError(
+                f"Model '{model}' gives {logits.shape[-1]} logits per image, but its sidecar '{sidecar}' "
+                f"names {len(self.class_names)} classes in 'class_names'.",
+                fix,
+            )
+
+    @property
+    def multilabel(self) -> bool:
+        """Any number of labels per image (a sigmoid each), as the sidecar's `task` says; else one class."""
+        return self.sidecar.multilabel
+
+    def preprocess(self, image: str | Path | bytes | Image.Image) -> np.ndarray:
+        """uint8 [3, size, size]: decoded as training decodes, short side resized, centre-cropped.
+
+        `image` is a file, its bytes, or an image already decoded by `project.data.decode`
+        (whose BadImageError says why a file cannot be used).
+        """
+        if isinstance(image, Image.Image):
+            img = image.convert("RGB")
+        elif isinstance(image, bytes):
+            img = Image.fromarray(decode_rgb(image, "the image"))
+        else:
+            img = Image.fromarray(read_rgb(Path(image)))
+        width, height = img.size
+        short, long = (width, height) if width <= height else (height, width)
+        new_long = int(self.resize_to * long / short)  # torchvision's rounding
+        new_size = (self.resize_to, new_long) if width <= height else (new_long, self.resize_to)
+        img = img.resize(new_size, Image.Resampling.BILINEAR, reducing_gap=None)
+        left = round((img.width - self.size) / 2.0)
+        top = round((img.height - self.size) / 2.0)
+        img = img.crop((left, top, left + self.size, top + self.size))
+        return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
+
+    def logits(self, batch: np.ndarray) -> np.ndarray:
+        """The model's logits [N, C] of a uint8 batch [N, 3, size, size]."""
+        return self.session.run(["logits"], {"images": batch})[0]
+
+    def probabilities_of(self, logits: np.ndarray) -> np.ndarray:
+        """Calibrated probabilities (multi-label: a sigmoid per label) of logits [N, C]."""
+        if self.multilabel:  # independent labels: a sigmoid each
+            return 1 / (1 + np.exp(-logits))
+        return self.calibration.probabilities(logits)
+
+    def probabilities(self, batch: np.ndarray) -> np.ndarray:
+        return self.probabilities_of(self.logits(batch))
+
+    def unknown(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(bool [N]: answered `unknown`, the unknown scores [N] or None when there is no threshold)."""
+        if self.multilabel or self.calibration.threshold is None:
+            return np.zeros(len(logits), dtype=bool), None
+        return ~self.calibration.known(logits), self.calibration.scores(logits)
+
+    def top(self, probabilities: np.ndarray, k: int) -> tuple[list[str], list[float]]:
+        """The k most probable class names of one image, most probable first, and their probabilities."""
+        top = np.argsort(-probabilities, kind="stable")[: min(k, len(self.class_names))]
+        return [self.class_names[i] for i in top], [float(probabilities[i]) for i in top]
+
+    def classify(
+        self,
+        paths: Sequence[Path],
+        top_k: int = 5,
+        batch_size: int = 32,
+        on_bad: Callable[[Path, BadImageError], None] | None = None,
+    ) -> Iterator[Answer]:
+        """An Answer per file, in order.
+
+        A file that cannot be decoded raises BadImageError, or, with `on_bad`, is handed to it and
+        left out while the others are classified.
+        """
+        for start in range(0, len(paths), batch_size):
+            chunk, arrays = [], []
+            for path in paths[start : start + batch_size]:
+                try:
+                    arrays.append(self.preprocess(path))
+                except BadImageError as e:
+                    if on_bad is None:
+                        raise
+                    on_bad(path, e)
+                    continue
+                chunk.append(path)
+            if not chunk:
+                continue
+            logits = self.logits(np.stack(arrays))
+            unknown, scores = self.unknown(logits)
+            for i, (path, p) in enumerate(zip(chunk, self.probabilities_of(logits), strict=True)):
+                score = None if scores is None else float(scores[i])
+                yield Answer(path, *self.top(p, top_k), bool(unknown[i]), score)
+
+
+def open_session(model: Path, threads: int | None = None) -> object:
+    """An inference session for `model`: OpenVINO for an .xml IR, else onnxruntime; both answer `run`."""
+    if is_openvino(model):
+        return OpenVINOSession(model, threads)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    try:
+        return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own types (InvalidProtobuf, Fail, ...)
+        raise UserError(
+            f"onnxruntime cannot load '{model}': {e}.",
+            "export the checkpoint again with `python -m project export`.",
+        ) from None
