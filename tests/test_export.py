@@ -44,6 +44,7 @@ def run_dir(work: Path) -> Path:
     return work / "checkpoints" / "x"
 
 
+@pytest.mark.slow
 def test_fit_hook_exports_the_best_checkpoint(trained: Path) -> None:
     folder = run_dir(trained)
     sidecar = json.loads((folder / "latest.json").read_text())
@@ -64,6 +65,7 @@ def test_fit_hook_exports_the_best_checkpoint(trained: Path) -> None:
         assert target.startswith("x-val_acc=") and target.endswith(f".{fmt}") and (folder / target).is_file()
 
 
+@pytest.mark.slow
 def test_the_torchscript_exporter_goes_first_and_torch_export_stands_in_for_it(
     trained: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -84,6 +86,7 @@ def test_the_torchscript_exporter_goes_first_and_torch_export_stands_in_for_it(
     assert session.run(["logits"], {"images": np.zeros((3, 3, 32, 32), np.uint8)})[0].shape == (3, 6)
 
 
+@pytest.mark.slow
 def test_dynamic_batch(trained: Path) -> None:
     session = ort.InferenceSession(str(run_dir(trained) / "latest.onnx"), providers=["CPUExecutionProvider"])
     for n in (1, 2, 7):
@@ -99,6 +102,7 @@ def tampered_copy(source: Path, target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_tampered_export_fails_verification(trained: Path, tmp_path: Path) -> None:
     folder = run_dir(trained)
     bad = tampered_copy(folder / "latest.onnx", tmp_path / "bad.onnx")
@@ -112,6 +116,7 @@ def test_tampered_export_fails_verification(trained: Path, tmp_path: Path) -> No
         verify(model, bad, folder / "latest.pt2", verification_batches(32, 0.875, []))
 
 
+@pytest.mark.slow
 def test_failed_verification_leaves_nothing(
     trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -127,6 +132,7 @@ def test_failed_verification_leaves_nothing(
     assert after == before
 
 
+@pytest.mark.slow
 def test_export_subcommand_repoints_latest_and_keeps_the_old(
     trained: Path, shapes_root: Path, monkeypatch
 ) -> None:
@@ -142,6 +148,7 @@ def test_export_subcommand_repoints_latest_and_keeps_the_old(
     )
 
 
+@pytest.mark.slow
 def test_infer_agrees_with_predict_without_torch(
     trained: Path, shapes_root: Path, tmp_path: Path, monkeypatch
 ) -> None:
@@ -196,6 +203,7 @@ def test_a_compiled_models_checkpoint_loads_into_a_plain_model() -> None:
     assert not plain.training
 
 
+@pytest.mark.slow
 def test_infer_errors_are_one_message(trained: Path, tmp_path: Path, capsys) -> None:
     from project.deploy.infer import main
 
@@ -208,6 +216,7 @@ def test_infer_errors_are_one_message(trained: Path, tmp_path: Path, capsys) -> 
         main(["--model", str(run_dir(trained) / "latest.onnx"), str(tmp_path / "empty")])
 
 
+@pytest.mark.slow
 def test_a_bad_validation_image_is_skipped_by_the_end_of_fit_export(
     shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,6 +249,7 @@ def with_logits_scaled(source: Path, target: Path, factor: float) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_verification_follows_the_logits_scale_and_still_catches_defects(
     trained: Path, tmp_path: Path
 ) -> None:
@@ -269,6 +279,7 @@ def test_verification_follows_the_logits_scale_and_still_catches_defects(
         verify(model, tmp_path / "wrong-norm.onnx", exported.pt2, batches)
 
 
+@pytest.mark.slow
 def test_calibration_refuses_to_flatten_a_near_chance_model(
     trained: Path, shapes_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -421,6 +421,7 @@ class Scores(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("lower", "epochs"), [(0.5, 1), (0.0, 3)])
 def test_sweep_trial_reports_and_stops_when_pruned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lower: float, epochs: int
@@ -439,6 +440,7 @@ def test_sweep_trial_reports_and_stops_when_pruned(
     assert frozen.user_attrs.get(PRUNED_AT) == (0 if lower else None)
 
 
+@pytest.mark.slow
 def test_sweep_trial_names_a_metric_not_logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
     trial = optuna.create_study(study_name="s", storage=url).ask()
@@ -570,6 +572,7 @@ def postgres() -> Iterator[str]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_postgresql_storage(workdir: Path, monkeypatch: pytest.MonkeyPatch, postgres: str) -> None:
     """The multi-machine set-up's storage: a study in a PostgreSQL server, reached by URL from the sweep
     process (its trials, heartbeats) and from a trial's fit (SweepTrial). Whole sweeps: the SQLite test."""
