@@ -110,6 +110,7 @@ def test_compiled_fit_keeps_plain_checkpoint_keys_and_exports(
     assert (run / "latest.onnx").is_file() and (run / "latest.pt2").is_file()
 
 
+@pytest.mark.slow  # inductor compiles resnet18: about 20 s
 @pytest.mark.skipif(
     not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")),
     reason="torch.compile on CPU (inductor) needs a C++ compiler; none found",

@@ -148,6 +148,7 @@ command.open_study(sweep)
 """
 
 
+@pytest.mark.slow  # 3 x 4 interpreters importing the sweep at once: about 2 minutes on 2 busy cores
 def test_processes_starting_together_on_a_new_study_all_open_it(tmp_path: Path) -> None:
     """Sweeps started at the same instant on a new SQLite file: each opens the study (they used to race
     creating its tables, and all but one failed with "table ... already exists")."""
