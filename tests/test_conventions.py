@@ -185,17 +185,38 @@ def _words(node: ast.AST) -> list[str]:
     return words
 
 
+def _root(node: ast.AST) -> str:
+    """The name an expression starts from: `done` of `done.returncode`, `exited` of `exited.value.code`."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
 def _runs(definition: ast.FunctionDef | ast.ClassDef) -> list[ast.AST]:
     """The nodes of a body (not its decorators, whose parametrize lists name commands), less the calls
-    expected to be refused (`run_cli("fit", bad flag) == 2`)."""
+    expected to be refused: `run_cli("fit", bad) == 2`, `done = run(...)` then `done.returncode == 2`,
+    and whatever runs inside `with pytest.raises(SystemExit)`."""
     nodes = [node for statement in definition.body for node in ast.walk(statement)]
-    refused = {
-        id(inner)
+    failing = [  # `X == 2`: a nonzero exit status
+        node.left
         for node in nodes
         if isinstance(node, ast.Compare)
         and any(isinstance(c, ast.Constant) and type(c.value) is int and c.value for c in node.comparators)
-        for inner in ast.walk(node.left)
-    }
+    ]
+    names = {_root(left) for left in failing} - {""}
+    failing += [
+        node.value
+        for node in nodes
+        if isinstance(node, ast.Assign) and any(_root(target) in names for target in node.targets)
+    ]
+    failing += [  # `with pytest.raises(SystemExit)`: a command that stops on its options (a training
+        statement  # stopped by an error, NonFiniteError say, has trained until then)
+        for node in nodes
+        if isinstance(node, ast.With)
+        and any(ast.unparse(item.context_expr).startswith("pytest.raises(SystemExit") for item in node.items)
+        for statement in node.body
+    ]
+    refused = {id(inner) for node in failing for inner in ast.walk(node)}
     return [node for node in nodes if id(node) not in refused]
 
 
@@ -269,7 +290,8 @@ def unmarked_expensive_tests(sources: dict[str, str]) -> dict[str, str]:
             known[module, name] = None  # a cycle adds nothing
             definition = modules[module].defs[name]
             nodes = _runs(definition)
-            used = [(n.id, False) for n in nodes if isinstance(n, ast.Name)]
+            local = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            used = [(n.id, False) for n in nodes if isinstance(n, ast.Name) and n.id not in local]
             used += [  # request.getfixturevalue("name")
                 (n.args[0].value, True)
                 for n in nodes
@@ -350,6 +372,16 @@ def test_refused(command):
 def test_parsed_only(monkeypatch):
     monkeypatch.setattr(Trainer, "fit", lambda *a, **k: None)
     run_cli("fit")
+def test_refused_in_a_subprocess():
+    done = subprocess.run([sys.executable, "-m", "project", "fit"], capture_output=True)
+    assert done.returncode == 2
+def test_refused_in_raises():
+    with pytest.raises(SystemExit) as exited:
+        serve_main(["--model", "m.onnx", "--port", "0"])
+    assert exited.value.code == 2
+def test_a_local_name_like_a_helper():
+    serve = {"port": 1}
+    assert serve
 """
     found = unmarked_expensive_tests({"conftest": conftest, "helpers": helpers, "test_x": tests})
     assert found == {
