@@ -100,6 +100,7 @@ def audited(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     }
 
 
+@pytest.mark.slow
 def test_audit_writes_every_file_with_its_columns(audited: dict) -> None:
     assert audited["status"] == 0
     out = audited["out"]
@@ -134,6 +135,7 @@ def test_audit_writes_every_file_with_its_columns(audited: dict) -> None:
     assert page.count('<img src="data:image/jpeg;base64,') >= 4  # at least the two planted pairs
 
 
+@pytest.mark.slow
 def test_planted_exact_and_resized_copies_are_leaks(audited: dict) -> None:
     pairs = {frozenset((r["file_a"], r["file_b"])): r for r in read(audited["out"] / "duplicates.csv")}
     exact, resized = pairs[frozenset(EXACT)], pairs[frozenset(RESIZED)]
@@ -141,10 +143,12 @@ def test_planted_exact_and_resized_copies_are_leaks(audited: dict) -> None:
     assert (resized["kind"], resized["leak"]) == ("near", "true")
 
 
+@pytest.mark.slow
 def test_data_folder_is_unchanged(audited: dict) -> None:
     assert fingerprint(audited["data"]) == audited["before"]
 
 
+@pytest.mark.slow
 def test_bad_file_is_skipped_and_listed(audited: dict) -> None:
     listed = (audited["out"] / "skipped_files.txt").read_text()
     assert BROKEN in listed and "\t" in listed
@@ -152,6 +156,7 @@ def test_bad_file_is_skipped_and_listed(audited: dict) -> None:
     assert "broken.jpg" in (audited["out"] / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_write_clean_lists_files_and_moves_nothing(audited: dict) -> None:
     keep = (audited["base"] / "keep.txt").read_text().splitlines()
     assert keep and all((audited["data"] / name).is_file() for name in keep)
@@ -255,6 +260,7 @@ def test_missing_cleanlab_is_one_message(
     assert "pip install -e '.[audit]'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_multilabel_csv_is_audited(tmp_path: Path, workdir: Path) -> None:
     """A labels CSV: random folds, sigmoid probabilities per label, label sets in the CSVs."""
     from project.data.multishapes import generate_multishapes
@@ -299,6 +305,7 @@ def test_fold_models_near_chance_are_warned_about() -> None:
     assert "Fix: train the folds longer (--epochs)" in warning
 
 
+@pytest.mark.slow
 def test_the_audit_says_when_its_fold_models_are_near_chance(audited: dict) -> None:
     """One epoch on 36 images a fold: the models barely learn, and the report says so."""
     rows = read(audited["out"] / "oof_probabilities.csv")
@@ -310,6 +317,7 @@ def test_the_audit_says_when_its_fold_models_are_near_chance(audited: dict) -> N
     assert "Warning: the fold models are near chance" in audited["stdout"]
 
 
+@pytest.mark.slow
 def test_names_that_a_spreadsheet_would_evaluate_are_written_as_text(
     shapes_root: Path, tmp_path: Path, workdir: Path
 ) -> None:
@@ -326,6 +334,7 @@ def test_names_that_a_spreadsheet_would_evaluate_are_written_as_text(
     assert not any(v.startswith(("=", "+", "-", "@")) for r in rows for v in r.values())
 
 
+@pytest.mark.slow
 def test_the_audit_says_how_long_it_will_take_before_training(audited: dict) -> None:
     """74 readable images, 2 folds of 37: the plan and its estimate from a measured step, before training."""
     lines = audited["stdout"].splitlines()

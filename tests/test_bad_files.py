@@ -66,6 +66,7 @@ def _load_as_nobody(path: Path) -> str:
         return f.read().decode()
 
 
+@pytest.mark.slow
 def test_training_skips_bad_files_and_lists_them_in_the_run_folder(workdir: Path, shapes_root: Path) -> None:
     root = workdir / "data"
     shutil.copytree(shapes_root, root)

@@ -89,6 +89,7 @@ def test_imbalance_over_3x_is_warned_with_the_fix() -> None:
         check._warn_imbalance("train", {"cat": 10, "dog": 3}, "loss")  # balanced already: info only
 
 
+@pytest.mark.slow
 def test_balanced_fit_selects_on_balanced_accuracy_and_its_checkpoint_validates(
     workdir: Path, imbalanced_root: Path
 ) -> None:

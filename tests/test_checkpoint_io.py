@@ -90,6 +90,7 @@ def digests(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
+@pytest.mark.slow
 def test_full_disk_keeps_earlier_checkpoints_and_says_what_to_free(
     workdir: Path, shapes_root: Path, monkeypatch, capsys
 ) -> None:

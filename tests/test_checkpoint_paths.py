@@ -32,6 +32,7 @@ def victim_folder(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_resuming_a_crafted_checkpoint_removes_nothing_outside_the_run(
     workdir: Path, shapes_root: Path, tmp_path: Path
 ) -> None:

@@ -15,6 +15,8 @@ import yaml
 from project.cli import ProjectCLI
 from tests.helpers import fast_args, run_cli, write_image
 
+pytestmark = pytest.mark.slow  # every test here trains or starts a server
+
 
 @pytest.fixture(scope="module")
 def run(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:

@@ -24,6 +24,7 @@ def scalar_tags(log_dir: Path) -> set[str]:
     return set(events.Tags()["scalars"])
 
 
+@pytest.mark.slow
 def test_fit_writes_logs_checkpoints_and_config(workdir: Path, shapes_root: Path) -> None:
     assert run_cli("fit", *fast_args(shapes_root, "--name=first", "--trainer.max_epochs=2")) == 0
     logs = workdir / "logs" / "first"
@@ -51,6 +52,7 @@ def test_fit_writes_logs_checkpoints_and_config(workdir: Path, shapes_root: Path
     assert checkpoint["hyper_parameters"]["image_size"] == 32
 
 
+@pytest.mark.slow
 def test_resume_continues_epoch_step_optimizer_and_schedule(workdir: Path, shapes_root: Path) -> None:
     assert run_cli("fit", *fast_args(shapes_root, "--name=r")) == 0
     first = torch.load(workdir / "checkpoints" / "r" / "last.ckpt", weights_only=False)
@@ -69,6 +71,7 @@ def test_resume_continues_epoch_step_optimizer_and_schedule(workdir: Path, shape
     assert sorted(p.name for p in (workdir / "logs").iterdir()) == ["r"]
 
 
+@pytest.mark.slow
 def test_a_new_run_never_overwrites_an_old_one(workdir: Path, shapes_root: Path, capsys) -> None:
     assert run_cli("fit", *fast_args(shapes_root, "--name=same", "--trainer.limit_train_batches=1")) == 0
     assert run_cli("fit", *fast_args(shapes_root, "--name=same")) == 2
@@ -78,11 +81,13 @@ def test_a_new_run_never_overwrites_an_old_one(workdir: Path, shapes_root: Path,
     assert len(list((workdir / "checkpoints").iterdir())) == 3
 
 
+@pytest.mark.slow
 def test_val_split_from_one_folder(workdir: Path, flat_root: Path) -> None:
     assert run_cli("fit", *fast_args(flat_root, "--name=flat", "--data.val_split=0.25")) == 0
     assert (workdir / "checkpoints" / "flat" / "last.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_validate_test_and_predict_from_a_checkpoint(
     workdir: Path, shapes_root: Path, tmp_path: Path
 ) -> None:
@@ -195,6 +200,7 @@ def test_print_config_shows_optimizer_and_schedule(workdir: Path, capsys) -> Non
         assert expected in out
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_checkpoint_loads_on_cpu(workdir: Path, shapes_root: Path) -> None:

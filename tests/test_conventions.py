@@ -209,3 +209,237 @@ def test_no_import_cycles_between_the_rooms_of_the_package() -> None:
 
     cycles = [" -> ".join(cycle) for start in sorted(graph) if (cycle := cycle_from(start))]
     assert cycles == []
+
+
+# ---- the fast lane: `pytest -m "not slow"` ------------------------------------------------------------
+# A static reading of the tests (their AST), so that the check itself costs nothing: a test is expensive
+# when its body, a fixture it requests or a function it calls (transitively, across tests/*.py) trains
+# (Trainer.fit, or the fit / sweep / lr_find / batch_size_find / audit command, in process or as a
+# subprocess) or starts a server (a process given a --port). A command expected to be refused
+# (`run_cli("fit", bad) == 2`) and `--print_config` train nothing.
+
+TRAINING_COMMANDS = {"fit", "sweep", "lr_find", "batch_size_find"}
+TRAINING_ENTRIES = {"project.audit.command": "main"}  # audit trains a model per fold
+
+
+def _words(node: ast.AST) -> list[str]:
+    """The string constants among a call's arguments or a list's items (and lists starred into them)."""
+    words = []
+    for item in [*getattr(node, "args", []), *getattr(node, "elts", [])]:
+        item = item.value if isinstance(item, ast.Starred) else item
+        if isinstance(item, (ast.List, ast.Tuple)):
+            words += _words(item)
+        elif isinstance(item, ast.Constant) and isinstance(item.value, str):
+            words.append(item.value)
+    return words
+
+
+def _root(node: ast.AST) -> str:
+    """The name an expression starts from: `done` of `done.returncode`, `exited` of `exited.value.code`."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _runs(definition: ast.FunctionDef | ast.ClassDef) -> list[ast.AST]:
+    """The nodes of a body (not its decorators, whose parametrize lists name commands), less the calls
+    expected to be refused: `run_cli("fit", bad) == 2`, `done = run(...)` then `done.returncode == 2`,
+    and whatever runs inside `with pytest.raises(SystemExit)`."""
+    nodes = [node for statement in definition.body for node in ast.walk(statement)]
+    failing = [  # `X == 2`: a nonzero exit status
+        node.left
+        for node in nodes
+        if isinstance(node, ast.Compare)
+        and any(isinstance(c, ast.Constant) and type(c.value) is int and c.value for c in node.comparators)
+    ]
+    names = {_root(left) for left in failing} - {""}
+    failing += [
+        node.value
+        for node in nodes
+        if isinstance(node, ast.Assign) and any(_root(target) in names for target in node.targets)
+    ]
+    failing += [  # `with pytest.raises(SystemExit)`: a command that stops on its options (a training
+        statement  # stopped by an error, NonFiniteError say, has trained until then)
+        for node in nodes
+        if isinstance(node, ast.With)
+        and any(ast.unparse(item.context_expr).startswith("pytest.raises(SystemExit") for item in node.items)
+        for statement in node.body
+    ]
+    refused = {id(inner) for node in failing for inner in ast.walk(node)}
+    return [node for node in nodes if id(node) not in refused]
+
+
+def _expensive_itself(definition: ast.FunctionDef | ast.ClassDef) -> str | None:
+    """Why this body trains or starts a server by itself; None when it does neither."""
+    nodes = _runs(definition)
+    if any(
+        isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "setattr" and "fit" in _words(n)
+        for n in nodes
+    ):
+        return None  # Trainer.fit replaced: the command is parsed, not run
+    for node in nodes:
+        if not isinstance(node, (ast.Call, ast.List, ast.Tuple)):
+            continue
+        method = getattr(node.func, "attr", "") if isinstance(node, ast.Call) else ""
+        if method == "fit":
+            return "calls Trainer.fit"
+        words = _words(node)
+        if method == "setup" or "--print_config" in words:  # DataModule.setup("fit"), a printed config
+            continue
+        if command := sorted(TRAINING_COMMANDS & set(words)):
+            return f"runs `{command[0]}`"
+        if any(word.startswith("--port") for word in words):
+            return "starts a server"
+    return None
+
+
+class _TestModule:
+    """The top-level definitions of one file of tests/, the fixtures among them and what it imports."""
+
+    def __init__(self, source: str) -> None:
+        self.defs: dict[str, ast.FunctionDef | ast.ClassDef] = {}
+        self.fixtures: set[str] = set()
+        self.imported: dict[str, tuple[str, str]] = {}  # local name: (tests module, its name there)
+        self.trainers: set[str] = set()  # local names of TRAINING_ENTRIES
+        self.slow = False  # pytestmark = pytest.mark.slow
+        for node in ast.parse(source).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                self.defs[node.name] = node
+                if any("fixture" in ast.unparse(d) for d in node.decorator_list):
+                    self.fixtures.add(node.name)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
+                for alias in node.names:
+                    self.imported[alias.asname or alias.name] = (node.module.split(".")[1], alias.name)
+            elif isinstance(node, ast.ImportFrom) and node.module in TRAINING_ENTRIES:
+                entry = TRAINING_ENTRIES[node.module]
+                self.trainers |= {a.asname or a.name for a in node.names if a.name == entry}
+            elif isinstance(node, ast.Assign) and "pytestmark" in ast.unparse(node.targets[0]):
+                self.slow = "mark.slow" in ast.unparse(node.value)
+
+
+def unmarked_expensive_tests(sources: dict[str, str]) -> dict[str, str]:
+    """{"test_x.py::test_y": why} for each test that trains or starts a server without the slow mark.
+
+    Args:
+        sources: the text of each module of tests/ by name ("conftest", "helpers", "test_x", ...).
+    """
+    modules = {name: _TestModule(source) for name, source in sources.items()}
+    known: dict[tuple[str, str], str | None] = {}
+
+    def resolve(module: str, name: str, fixture: bool) -> tuple[str, str] | None:
+        if fixture and name not in modules[module].fixtures:
+            module = "conftest"
+        if name in modules[module].defs:
+            return module, name
+        other, real = modules[module].imported.get(name, ("", ""))
+        return (other, real) if real in getattr(modules.get(other), "defs", {}) else None
+
+    def why(module: str, name: str) -> str | None:
+        if (module, name) not in known:
+            known[module, name] = None  # a cycle adds nothing
+            definition = modules[module].defs[name]
+            nodes = _runs(definition)
+            local = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            used = [(n.id, False) for n in nodes if isinstance(n, ast.Name) and n.id not in local]
+            used += [  # request.getfixturevalue("name")
+                (n.args[0].value, True)
+                for n in nodes
+                if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "getfixturevalue"
+                if n.args and isinstance(n.args[0], ast.Constant)
+            ]
+            used += (
+                [(a.arg, True) for a in getattr(definition.args, "args", [])]
+                if hasattr(definition, "args")
+                else []
+            )
+            found = _expensive_itself(definition)
+            for used_name, fixture in used:
+                if found:
+                    break
+                if not fixture and used_name in modules[module].trainers:
+                    found = f"runs {used_name} of {', '.join(TRAINING_ENTRIES)}"
+                elif (target := resolve(module, used_name, fixture)) and target != (module, name):
+                    found = (inner := why(*target)) and f"{used_name} -> {inner}"
+            known[module, name] = found
+        return known[module, name]
+
+    return {
+        f"{module}.py::{name}": reason
+        for module, parsed in modules.items()
+        if module.startswith("test_") and not parsed.slow
+        for name, definition in parsed.defs.items()
+        if name.startswith("test_")
+        and not any("mark.slow" in ast.unparse(d) for d in definition.decorator_list)
+        if (reason := why(module, name))
+    }
+
+
+def test_every_test_that_trains_or_starts_a_server_is_marked_slow() -> None:
+    """`pytest -m "not slow"` is the fast lane a contributor runs while working: nothing in it trains."""
+    tests = Path(__file__).parent
+    # this file is left out: its strings name the commands that it looks for, and it runs none of them
+    sources = {path.stem: path.read_text() for path in sorted(tests.glob("*.py")) if path != Path(__file__)}
+    assert unmarked_expensive_tests(sources) == {}, "mark these @pytest.mark.slow"
+
+
+def test_the_slow_mark_check_follows_fixtures_helpers_and_subprocesses() -> None:
+    conftest = """
+from tests.helpers import train
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("run"))
+"""
+    helpers = """
+def train(root):
+    assert run_cli("fit", f"--data.root={root}") == 0
+def serve(model):
+    return subprocess.Popen([sys.executable, "-m", "project", "serve", str(model), "--port", "0"])
+"""
+    tests = """
+from tests.helpers import serve
+from project.audit.command import main as audit
+pytestmark = pytest.mark.gpu
+
+def test_uses_the_trained_run(trained): ...
+def test_fixture_by_name(request):
+    request.getfixturevalue("trained")
+def test_serves(trained):
+    serve(trained)
+def test_trainer_fit():
+    tiny_trainer().fit(model, data)
+def test_in_a_subprocess():
+    subprocess.run([sys.executable, "-m", "project", "sweep", "--config=s.yaml"])
+def test_audit():
+    exit_status(audit, "--data.root=x")
+@pytest.mark.slow
+def test_marked(trained): ...
+@pytest.mark.parametrize("command", ["fit", "validate"])
+def test_refused(command):
+    assert run_cli(command, "--trainer.max_epochs=0") == 2
+    assert run_cli("fit", "--print_config") == 0
+    data.setup("fit")
+def test_parsed_only(monkeypatch):
+    monkeypatch.setattr(Trainer, "fit", lambda *a, **k: None)
+    run_cli("fit")
+def test_refused_in_a_subprocess():
+    done = subprocess.run([sys.executable, "-m", "project", "fit"], capture_output=True)
+    assert done.returncode == 2
+def test_refused_in_raises():
+    with pytest.raises(SystemExit) as exited:
+        serve_main(["--model", "m.onnx", "--port", "0"])
+    assert exited.value.code == 2
+def test_a_local_name_like_a_helper():
+    serve = {"port": 1}
+    assert serve
+"""
+    found = unmarked_expensive_tests({"conftest": conftest, "helpers": helpers, "test_x": tests})
+    assert found == {
+        "test_x.py::test_uses_the_trained_run": "trained -> train -> runs `fit`",
+        "test_x.py::test_fixture_by_name": "trained -> train -> runs `fit`",
+        "test_x.py::test_serves": "serve -> starts a server",
+        "test_x.py::test_trainer_fit": "calls Trainer.fit",
+        "test_x.py::test_in_a_subprocess": "runs `sweep`",
+        "test_x.py::test_audit": "runs audit of project.audit.command",
+    }
+    marked = tests.replace("pytestmark = pytest.mark.gpu", "pytestmark = [pytest.mark.gpu, pytest.mark.slow]")
+    assert unmarked_expensive_tests({"conftest": conftest, "helpers": helpers, "test_x": marked}) == {}

@@ -25,6 +25,7 @@ def fit(images: torch.Tensor, labels: torch.Tensor, num_classes: int = 10) -> No
     )
 
 
+@pytest.mark.slow
 def test_label_out_of_range_stops_before_the_first_step() -> None:
     labels = torch.arange(16) % 10
     labels[3] = 100
@@ -38,6 +39,7 @@ def test_index_labels_are_checked_against_the_model() -> None:
         check_labels(np.array([0, 5, 6, -1]), 6, "The train split")
 
 
+@pytest.mark.slow
 def test_nan_image_stops_with_the_count() -> None:
     images = torch.rand(16, 3, 16, 16) * 255
     images[2, 1, 4, 4] = float("nan")
@@ -45,12 +47,14 @@ def test_nan_image_stops_with_the_count() -> None:
         fit(images, torch.arange(16) % 10)
 
 
+@pytest.mark.slow
 def test_constant_batch_stops() -> None:
     images = torch.zeros(16, 3, 16, 16, dtype=torch.uint8)
     with pytest.raises(UserError, match=r"Every value of the first training batch is 0"):
         fit(images, torch.arange(16) % 10)
 
 
+@pytest.mark.slow
 def test_tables_are_printed_logged_and_imbalance_warned(
     workdir: Path, shapes_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -75,6 +79,7 @@ def test_tables_are_printed_logged_and_imbalance_warned(
     )
 
 
+@pytest.mark.slow
 def test_the_check_can_be_turned_off(
     workdir: Path, shapes_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -83,6 +88,7 @@ def test_the_check_can_be_turned_off(
     assert "Data check" not in caplog.text
 
 
+@pytest.mark.slow
 def test_labels_of_shape_n_by_1_are_named_by_their_shape() -> None:
     images = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8)
     labels = (torch.arange(16) % 4)[:, None]

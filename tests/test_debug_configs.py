@@ -13,6 +13,8 @@ from project import runs
 from project.errors import UserError
 from tests.helpers import fast_args, run_cli
 
+pytestmark = pytest.mark.slow  # every test here trains or starts a server
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "presets"
 
 

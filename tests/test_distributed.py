@@ -52,6 +52,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory, odd_root: Path) -> Path:
     return work
 
 
+@pytest.mark.slow
 def test_ddp_fit_writes_one_run_from_rank_zero(ddp_run: Path) -> None:
     assert sorted(p.name for p in (ddp_run / "logs").iterdir()) == ["ddp"]
     assert sorted(p.name for p in (ddp_run / "checkpoints").iterdir()) == ["ddp"]
@@ -63,6 +64,7 @@ def test_ddp_fit_writes_one_run_from_rank_zero(ddp_run: Path) -> None:
     assert (checkpoint["epoch"], checkpoint["global_step"]) == (0, 1)
 
 
+@pytest.mark.slow
 def test_auto_cache_is_decided_once_for_every_process(ddp_run: Path) -> None:
     """Rank 0 decides (for 2 copies on this machine) and says so once; both ranks then read the cache."""
     out = (ddp_run / "stdout.txt").read_text()
@@ -71,6 +73,7 @@ def test_auto_cache_is_decided_once_for_every_process(ddp_run: Path) -> None:
     assert out.count("Cached 48 train images") == 2 and out.count("Cached 23 val images") == 2
 
 
+@pytest.mark.slow
 def test_validation_counts_each_image_once(ddp_run: Path, odd_root: Path) -> None:
     checkpoint = str(ddp_run / "checkpoints" / "ddp" / "last.ckpt")
     flags = ["--ckpt_path", checkpoint, *fast_args(odd_root)]
@@ -84,6 +87,7 @@ def test_validation_counts_each_image_once(ddp_run: Path, odd_root: Path) -> Non
     assert round(single["val/acc"] * 23) == pytest.approx(single["val/acc"] * 23, abs=1e-4)  # k of 23
 
 
+@pytest.mark.slow
 def test_ddp_checkpoint_predicts_and_exports_on_one_cpu(
     ddp_run: Path, odd_root: Path, workdir: Path, capsys
 ) -> None:
@@ -95,6 +99,7 @@ def test_ddp_checkpoint_predicts_and_exports_on_one_cpu(
     assert len(list((workdir / "exported").glob("ddp-val_acc=*.onnx"))) == 1
 
 
+@pytest.mark.slow
 def test_ddp_predict_writes_each_image_exactly_once(ddp_run: Path, odd_root: Path, tmp_path: Path) -> None:
     checkpoint = ddp_run / "checkpoints" / "ddp" / "last.ckpt"
     args = ["--ckpt_path", str(checkpoint), f"--data.predict_dir={odd_root / 'val'}", "--data.num_workers=0"]
@@ -115,6 +120,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_nodes_on_loopback_train_together(tmp_path: Path, shapes_root: Path) -> None:
     port = free_port()
     flags = [*DDP, *fast_args(shapes_root, "--name=nodes", "--trainer.devices=1", "--trainer.num_nodes=2")]
@@ -174,6 +180,7 @@ def test_fsdp_config_builds_the_strategy() -> None:
     assert isinstance(policy, ModuleWrapPolicy) and EncoderBlock in policy._module_classes
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FSDP needs CUDA GPUs: Lightning refuses it on CPU")
 def test_fsdp_fit_on_gpus(tmp_path: Path, shapes_root: Path) -> None:

@@ -36,6 +36,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path:
     return work
 
 
+@pytest.mark.slow
 def test_checkpoints_hold_the_average_and_the_training_weights(run: Path) -> None:
     checkpoint = saved(run / "two-epochs.ckpt")
     average, current = checkpoint["state_dict"], checkpoint["current_model_state"]
@@ -47,6 +48,7 @@ def test_checkpoints_hold_the_average_and_the_training_weights(run: Path) -> Non
     assert float(average["val_acc_best.max_value"]) >= selection_score(checkpoint)
 
 
+@pytest.mark.slow
 def test_validate_of_the_best_checkpoint_reproduces_selection(run: Path, monkeypatch) -> None:
     monkeypatch.chdir(run)
     (best,) = sorted((run / "checkpoints/ema").glob("epoch=*.ckpt"))[-1:]
@@ -57,6 +59,7 @@ def test_validate_of_the_best_checkpoint_reproduces_selection(run: Path, monkeyp
     assert f"{measured:.4f}" == re.search(r"val_acc=(\d\.\d{4})", best.name).group(1)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_average(run: Path) -> None:
     before, after = saved(run / "two-epochs.ckpt"), saved(run / "checkpoints/ema/last.ckpt")
     assert int(after["averaging_state"]["n_averaged"]) == after["global_step"] == 9  # 6 + 3, not a new start

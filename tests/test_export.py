@@ -45,6 +45,7 @@ def run_dir(work: Path) -> Path:
     return work / "checkpoints" / "x"
 
 
+@pytest.mark.slow
 def test_fit_hook_exports_the_best_checkpoint(trained: Path) -> None:
     folder = run_dir(trained)
     sidecar = json.loads((folder / "latest.json").read_text())
@@ -65,6 +66,7 @@ def test_fit_hook_exports_the_best_checkpoint(trained: Path) -> None:
         assert target.startswith("x-val_acc=") and target.endswith(f".{fmt}") and (folder / target).is_file()
 
 
+@pytest.mark.slow
 def test_the_sidecar_is_versioned_and_reads_back_whole(trained: Path) -> None:
     from project.deploy.sidecar import VERSION, Sidecar
 
@@ -74,6 +76,7 @@ def test_the_sidecar_is_versioned_and_reads_back_whole(trained: Path) -> None:
     assert Sidecar.load(path).to_dict() == written
 
 
+@pytest.mark.slow
 def test_the_torchscript_exporter_goes_first_and_torch_export_stands_in_for_it(
     trained: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -94,6 +97,7 @@ def test_the_torchscript_exporter_goes_first_and_torch_export_stands_in_for_it(
     assert session.run(["logits"], {"images": np.zeros((3, 3, 32, 32), np.uint8)})[0].shape == (3, 6)
 
 
+@pytest.mark.slow
 def test_dynamic_batch(trained: Path) -> None:
     session = ort.InferenceSession(str(run_dir(trained) / "latest.onnx"), providers=["CPUExecutionProvider"])
     for n in (1, 2, 7):
@@ -109,6 +113,7 @@ def tampered_copy(source: Path, target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_tampered_export_fails_verification(trained: Path, tmp_path: Path) -> None:
     folder = run_dir(trained)
     bad = tampered_copy(folder / "latest.onnx", tmp_path / "bad.onnx")
@@ -122,6 +127,7 @@ def test_tampered_export_fails_verification(trained: Path, tmp_path: Path) -> No
         verify(model, {"onnx": bad, "pt2": folder / "latest.pt2"}, verification_batches(32, 0.875, []))
 
 
+@pytest.mark.slow
 def test_failed_verification_leaves_nothing(
     trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -137,6 +143,7 @@ def test_failed_verification_leaves_nothing(
     assert after == before
 
 
+@pytest.mark.slow
 def test_export_subcommand_repoints_latest_and_keeps_the_old(
     trained: Path, shapes_root: Path, monkeypatch
 ) -> None:
@@ -152,6 +159,7 @@ def test_export_subcommand_repoints_latest_and_keeps_the_old(
     )
 
 
+@pytest.mark.slow
 def test_infer_agrees_with_predict_without_torch(
     trained: Path, shapes_root: Path, tmp_path: Path, monkeypatch
 ) -> None:
@@ -206,6 +214,7 @@ def test_a_compiled_models_checkpoint_loads_into_a_plain_model() -> None:
     assert not plain.training
 
 
+@pytest.mark.slow
 def test_infer_errors_are_one_message(trained: Path, tmp_path: Path, capsys) -> None:
     from project.deploy.infer import main
 
@@ -220,6 +229,7 @@ def test_infer_errors_are_one_message(trained: Path, tmp_path: Path, capsys) -> 
     assert re.match(r"error: no image files in .*empty.*\. Fix: pass image files", capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_a_bad_validation_image_is_skipped_by_the_end_of_fit_export(
     shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -252,6 +262,7 @@ def with_logits_scaled(source: Path, target: Path, factor: float) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_verification_follows_the_logits_scale_and_still_catches_defects(
     trained: Path, tmp_path: Path
 ) -> None:
@@ -281,6 +292,7 @@ def test_verification_follows_the_logits_scale_and_still_catches_defects(
         verify(model, {"onnx": tmp_path / "wrong-norm.onnx", "pt2": exported.pt2}, batches)
 
 
+@pytest.mark.slow
 def test_calibration_refuses_to_flatten_a_near_chance_model(
     trained: Path, shapes_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -341,6 +353,7 @@ def test_each_optional_target_is_a_format_value() -> None:
     assert set(get_args(Format)) == {"onnx"} | {t.name for t in TARGETS.values() if t.optional}
 
 
+@pytest.mark.slow
 def test_format_openvino_writes_a_verified_ir_beside_the_onnx(
     trained: Path, shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -370,6 +383,7 @@ def test_format_openvino_writes_a_verified_ir_beside_the_onnx(
     assert np.abs(by_ir - by_onnx).max() <= export.ATOL + export.RTOL * np.abs(by_onnx).max()
 
 
+@pytest.mark.slow
 def test_an_ir_that_disagrees_with_pytorch_fails_verification(trained: Path, tmp_path: Path) -> None:
     pytest.importorskip("openvino")
     from project.export import openvino_target
@@ -384,6 +398,7 @@ def test_an_ir_that_disagrees_with_pytorch_fails_verification(trained: Path, tmp
         verify(model, {"openvino": tmp_path / "bad.xml"}, batches)
 
 
+@pytest.mark.slow
 def test_format_openvino_without_openvino_is_one_message_and_writes_nothing(
     trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

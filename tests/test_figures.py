@@ -7,6 +7,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from matplotlib.figure import Figure
@@ -99,6 +100,7 @@ def test_the_class_count_table_of_many_classes_has_a_bounded_number_of_lines() -
     assert lines[-1].split() == ["total", str(len(labels)), str((len(labels) + 1) // 2)]
 
 
+@pytest.mark.slow
 def test_a_300_class_validation_logs_the_top_confusions_instead_of_the_counts(tmp_path: Path) -> None:
     model = ImageClassifier(num_classes=300, backbone="resnet18", scheduler=None)
     images = torch.randint(0, 256, (16, 3, 16, 16), dtype=torch.uint8)

@@ -62,6 +62,7 @@ def data() -> TensorData:
     )
 
 
+@pytest.mark.slow
 def test_head_epochs_then_every_layer_with_decayed_rates(tmp_path: Path) -> None:
     torch.manual_seed(0)
     classifier, phases = model(), Phases()
@@ -83,6 +84,7 @@ def test_head_epochs_then_every_layer_with_decayed_rates(tmp_path: Path) -> None
     assert not torch.equal(resumed.net.conv1.weight, stem)
 
 
+@pytest.mark.slow
 def test_first_epoch_is_head_only() -> None:
     torch.manual_seed(0)
     phases = Phases()

@@ -81,6 +81,7 @@ def test_prefetch_factor_needs_workers_and_a_positive_value(shapes_root: Path) -
         ImageDataModule(root=str(shapes_root), prefetch_factor=0)
 
 
+@pytest.mark.slow
 def test_compiled_fit_keeps_plain_checkpoint_keys_and_exports(
     workdir: Path, shapes_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,6 +110,7 @@ def test_compiled_fit_keeps_plain_checkpoint_keys_and_exports(
     assert (run / "latest.onnx").is_file() and (run / "latest.pt2").is_file()
 
 
+@pytest.mark.slow  # inductor compiles resnet18: about 20 s
 @pytest.mark.skipif(
     not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")),
     reason="torch.compile on CPU (inductor) needs a C++ compiler; none found",
@@ -128,6 +130,7 @@ def test_channels_last_compiled_logits_match_eager() -> None:
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_two_step_fit_with_the_fragment_on_gpu(workdir: Path, shapes_root: Path) -> None:

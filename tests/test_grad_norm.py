@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torchvision.models import resnet18
@@ -21,6 +22,7 @@ def test_groups_look_through_the_wrapper() -> None:
     assert list(top_level_groups(resnet18())) == list(groups)
 
 
+@pytest.mark.slow
 def test_norms_are_logged_every_n_steps_and_add_up(workdir: Path, shapes_root: Path) -> None:
     args = fast_args(shapes_root, "--name=g", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=2")
     assert run_cli("fit", *args) == 0

@@ -40,6 +40,7 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "workers"), [(signal.SIGTERM, 0), (signal.SIGINT, 2)], ids=["SIGTERM", "SIGINT-with-workers"]
 )
@@ -114,6 +115,7 @@ def is_running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_resume_at_once_after_sigkill_while_loader_workers_live_on(workdir: Path, shapes_root: Path) -> None:
     name = "killed"
     args = fast_args(shapes_root, f"--name={name}", SMALL, "--trainer.max_epochs=100", "--data.num_workers=2")

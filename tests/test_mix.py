@@ -30,6 +30,7 @@ class Batches(L.Callback):
         self.val = self.val if self.val is not None else batch
 
 
+@pytest.mark.slow
 def test_training_batches_get_soft_targets_and_train(shapes_root: Path) -> None:
     torch.manual_seed(0)
     data = ImageDataModule(

@@ -26,6 +26,8 @@ from tensorboard.util import tensor_util
 from project.data.shapes import CLASSES
 from tests.helpers import fast_args, run_cli
 
+pytestmark = pytest.mark.slow  # every test here trains or starts a server
+
 RUN = "monitored"
 
 

@@ -140,6 +140,7 @@ def test_a_multiclass_model_refuses_multilabel_data(multishapes: Path) -> None:
         dm.setup("validate")
 
 
+@pytest.mark.slow
 def test_the_multilabel_config_trains_logs_per_label_metrics_predicts_and_exports(
     workdir: Path, multishapes: Path, tmp_path: Path
 ) -> None:
@@ -233,6 +234,7 @@ def write_bands(root: Path, train: int, val: int, seed: int = 0) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_the_multilabel_config_learns_separable_labels(workdir: Path, tmp_path: Path) -> None:
     """configs/experiments/multilabel.yaml from scratch, 8 epochs of 48 images: every label set of the
     validation images right, far above guessing the most common set."""

@@ -41,6 +41,7 @@ def run_new(*args: str) -> int:
     return 0
 
 
+@pytest.mark.slow
 def test_clone_is_renamed_committed_and_passes_its_tests(tmp_path: Path, shapes_root: Path) -> None:
     dest = tmp_path / "work" / "leaf"
     assert run_new(str(dest), "--name", "leafnet") == 0

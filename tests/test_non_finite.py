@@ -12,6 +12,8 @@ from project.callbacks.non_finite import NonFiniteError
 from project.model import ImageClassifier
 from tests.helpers import TensorData, fast_args, run_cli, tiny_trainer
 
+pytestmark = pytest.mark.slow  # every test here trains or starts a server
+
 
 def poisoned_data() -> TensorData:
     """Four batches of 8 float images; batch 2 (the third) holds one NaN pixel."""

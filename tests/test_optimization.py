@@ -15,6 +15,7 @@ from project.model import ImageClassifier
 from tests.helpers import fast_args, run_cli, tiny_trainer
 
 
+@pytest.mark.slow
 def test_bf16_mixed_with_clipping_fits_with_the_foreach_kernel(
     workdir: Path, shapes_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -66,6 +67,7 @@ def grad_norm(model: torch.nn.Module) -> float:
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).norm().item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("precision", "dtype"), [("32-true", torch.float32), ("bf16-mixed", torch.bfloat16)])
 def test_clipping_accumulation_and_precision_take_effect(
     shapes_root: Path, tmp_path: Path, precision: str, dtype: torch.dtype

@@ -34,6 +34,7 @@ def report(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_report_draws_the_run(workdir: Path, shapes_root: Path) -> None:
     assert run_cli("fit", *fast_args(shapes_root, "--name=seen")) == 0
     result = report("seen", cwd=workdir)
@@ -80,6 +81,7 @@ def test_report_errors_are_one_line(workdir: Path, capsys) -> None:
     assert not (workdir / "logs" / "empty" / "report.png").exists()
 
 
+@pytest.mark.slow
 def test_a_class_named_like_mathtext_is_trained_and_reported(workdir: Path, shapes_root: Path) -> None:
     data = workdir / "data"
     for split in ("train", "val"):

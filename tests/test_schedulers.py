@@ -50,6 +50,7 @@ def tensorboard(run: Path) -> EventAccumulator:
     return events
 
 
+@pytest.mark.slow
 def test_a_run_shorter_than_the_warmup_reaches_its_lr_and_learns(workdir: Path, shapes_root: Path) -> None:
     """8 optimizer steps (16 images, batch 4, 2 epochs) with the default 50-step warm-up and model."""
     root = workdir / "two"
@@ -77,6 +78,7 @@ def test_a_run_shorter_than_the_warmup_reaches_its_lr_and_learns(workdir: Path, 
     assert star.std() > 0.05, star  # the image decides (with the old BatchNorm start: 3e-8)
 
 
+@pytest.mark.slow
 def test_a_time_budget_ends_at_the_lowest_lr(workdir: Path, shapes_root: Path) -> None:
     args = fast_args(
         shapes_root, "--name=timed", "--data.batch_size=4", "--trainer.max_epochs=-1",

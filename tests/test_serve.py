@@ -267,6 +267,7 @@ def server(exports: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     served.stop()
 
 
+@pytest.mark.slow
 def test_answers_match_infer_for_the_same_files(server: Server, image_dir: Path, exports: Path) -> None:
     files = sorted(image_dir.iterdir())
     inferred = Classifier(exports / "latest.onnx").classify(files, top_k=4)  # what `infer` prints
@@ -280,6 +281,7 @@ def test_answers_match_infer_for_the_same_files(server: Server, image_dir: Path,
             assert names[0] == path.stem
 
 
+@pytest.mark.slow
 def test_multipart_and_top_k(server: Server, images: dict[str, bytes]) -> None:
     body, content_type = multipart([("note", None, b"hello"), ("file", "x.png", images["blue.png"])])
     status, answer = predict(server.port, body, content_type, "?top_k=2")
@@ -287,6 +289,7 @@ def test_multipart_and_top_k(server: Server, images: dict[str, bytes]) -> None:
     assert len(answer["predictions"]) == 2
 
 
+@pytest.mark.slow
 def test_concurrent_requests_share_batches(server: Server, images: dict[str, bytes]) -> None:
     before = request(server.port, "GET", "/metrics")[1]
     data = list(images.values()) * 3
@@ -300,6 +303,7 @@ def test_concurrent_requests_share_batches(server: Server, images: dict[str, byt
     assert after["batches"] - before["batches"] < len(data)
 
 
+@pytest.mark.slow
 def test_health_and_metadata(server: Server) -> None:
     assert request(server.port, "GET", "/health") == (200, {"status": "ok", "version": "run-a"})
     status, meta = request(server.port, "GET", "/metadata")
@@ -342,6 +346,7 @@ def bad_requests(images: dict[str, bytes]) -> dict[str, tuple[int, bytes, str, s
     }
 
 
+@pytest.mark.slow
 def test_bad_requests_get_their_status_and_a_json_error(server: Server, images: dict[str, bytes]) -> None:
     for case, (expected, body, content_type, query) in bad_requests(images).items():
         status, answer = predict(server.port, body, content_type, query)
@@ -351,6 +356,7 @@ def test_bad_requests_get_their_status_and_a_json_error(server: Server, images: 
     assert predict(server.port, images["red.jpg"])[0] == 200
 
 
+@pytest.mark.slow
 def test_files_that_pillow_parses_a_step_at_a_time_are_refused_at_once(
     exports: Path, images: dict[str, bytes], tmp_path: Path
 ) -> None:
@@ -390,6 +396,7 @@ def test_files_that_pillow_parses_a_step_at_a_time_are_refused_at_once(
         assert served.stop() == 0
 
 
+@pytest.mark.slow
 def test_decoded_pixels_count_against_the_memory_budget(server: Server, images: dict[str, bytes]) -> None:
     """An animated WebP of 1,000 x 1,000 pixels (within --max_pixels): a few kB sent, 27 MB to decode."""
     frames = [Image.new("RGB", (1000, 1000), colour) for colour in ("red", "green", "blue")]
@@ -409,6 +416,7 @@ def test_decoded_pixels_count_against_the_memory_budget(server: Server, images: 
     assert (metrics["decoding_bytes_held"], metrics["body_bytes_held"]) == (0, 0)
 
 
+@pytest.mark.slow
 def test_a_body_that_never_arrives_times_out(server: Server) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     connection.putrequest("POST", "/predict")
@@ -447,6 +455,7 @@ def until_closed(sock: socket.socket, limit_s: float, drip: bytes = b"") -> tupl
     raise AssertionError(f"still open after {limit_s} s; received {received[:200]!r}")
 
 
+@pytest.mark.slow
 def test_slow_and_idle_connections_end_within_the_header_timeout(server: Server) -> None:
     """--header_timeout 1: idle connections close, trickled headers get 408; a 408 for a body closes too."""
     address = ("127.0.0.1", server.port)
@@ -466,6 +475,7 @@ def test_slow_and_idle_connections_end_within_the_header_timeout(server: Server)
     assert request(server.port, "GET", "/health")[0] == 200
 
 
+@pytest.mark.slow
 def test_oversized_headers_are_refused_without_holding_them(server: Server) -> None:
     """--max_header_kb 8: 64 MB of one header is cut off after the first reads, memory stays flat."""
     before, sent = rss_mb(server.process.pid), 0
@@ -483,6 +493,7 @@ def test_oversized_headers_are_refused_without_holding_them(server: Server) -> N
     assert request(server.port, "GET", "/health")[0] == 200
 
 
+@pytest.mark.slow
 def test_fuzz_malformed_requests_then_a_good_one(server: Server, images: dict[str, bytes]) -> None:
     rng = np.random.default_rng(1)
     cases = list(bad_requests(images).values())
@@ -512,11 +523,13 @@ def test_fuzz_malformed_requests_then_a_good_one(server: Server, images: dict[st
     assert server.process.poll() is None
 
 
+@pytest.mark.slow
 def test_errors_are_json_for_unknown_routes_and_methods(server: Server) -> None:
     assert request(server.port, "GET", "/nope") == (404, {"error": "Not Found"})
     assert request(server.port, "GET", "/predict") == (405, {"error": "Method Not Allowed"})
 
 
+@pytest.mark.slow
 def test_reload_swaps_the_model_and_a_failed_reload_keeps_it(
     exports: Path, images: dict[str, bytes], tmp_path: Path
 ) -> None:
@@ -630,6 +643,7 @@ def test_an_unforeseen_error_is_a_json_500_counted_in_metrics(
     assert metrics["responses_by_status"] == {"500": 1}
 
 
+@pytest.mark.slow
 def test_sampler_keeps_requests_within_its_bound(
     exports: Path, images: dict[str, bytes], tmp_path: Path
 ) -> None:
@@ -660,6 +674,7 @@ def test_sampler_keeps_requests_within_its_bound(
     assert last["image"].endswith(".png") and last["time"].endswith("+00:00")
 
 
+@pytest.mark.slow
 def test_sigterm_stops_cleanly_and_torch_is_never_imported(
     exports: Path, images: dict[str, bytes], tmp_path: Path
 ) -> None:
@@ -682,6 +697,7 @@ def startup_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_startup_errors_are_one_message(
     exports: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -801,6 +817,7 @@ def wait_for(port: int, key: str, value: int) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_bodies_past_the_memory_budget_get_503(strict: Server, images: dict[str, bytes]) -> None:
     with held_bodies(strict.port, 4, 250_000):  # 1,000,000 of the 1,048,576 bytes
         wait_for(strict.port, "body_bytes_held", 1_000_000)
@@ -817,6 +834,7 @@ def test_bodies_past_the_memory_budget_get_503(strict: Server, images: dict[str,
     assert predict(strict.port, images["red.jpg"] + bytes(60_000))[0] == 200
 
 
+@pytest.mark.slow
 def test_connections_past_the_cap_close_idle_ones_or_get_503(
     strict: Server, images: dict[str, bytes]
 ) -> None:
@@ -839,6 +857,7 @@ def test_connections_past_the_cap_close_idle_ones_or_get_503(
     assert "Traceback" not in strict.log() and "Too many open files" not in strict.log()
 
 
+@pytest.mark.slow
 def test_reload_needs_the_token_and_runs_one_at_a_time(
     server: Server, strict: Server, images: dict[str, bytes]
 ) -> None:

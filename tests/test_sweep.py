@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -142,31 +143,55 @@ OPEN_AT = """
 import sys, time
 from project.sweep import command
 from project.sweep.settings import parse_argv
-sweep = parse_argv(["--config", sys.argv[1]]).sweep
-time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
-command.open_study(sweep)
+print("ready", flush=True)
+for line in sys.stdin:  # one study a line: its config and the instant to open it at
+    config, start = line.split()
+    sweep = parse_argv(["--config", config]).sweep
+    time.sleep(max(0.0, float(start) - time.time()))
+    command.open_study(sweep)
+    print("opened", flush=True)
 """
 
 
+@pytest.mark.slow  # 4 interpreters importing the sweep at once: about 40 s on 2 busy cores
 def test_processes_starting_together_on_a_new_study_all_open_it(tmp_path: Path) -> None:
     """Sweeps started at the same instant on a new SQLite file: each opens the study (they used to race
-    creating its tables, and all but one failed with "table ... already exists")."""
-    for attempt in range(3):
-        database = tmp_path / f"study-{attempt}.db"
-        config = sweep_config(tmp_path, name="together", storage=f"sqlite:///{database}")
-        start = time.time() + 3  # after every interpreter has imported optuna
-        processes = [
-            subprocess.Popen(
-                [sys.executable, "-c", OPEN_AT, str(config), str(start)],
-                stderr=subprocess.PIPE,
-                text=True,
-                env={**os.environ, "PYTHONPATH": str(Path(project.__file__).parents[1])},
-            )
-            for _ in range(4)
-        ]
-        errors = [p.communicate(timeout=120)[1] for p in processes]
-        assert [p.returncode for p in processes] == [0] * 4, errors
-        assert optuna.load_study(study_name="together", storage=f"sqlite:///{database}").trials == []
+    creating its tables, and all but one failed with "table ... already exists"). Three new studies,
+    each opened by the same 4 processes at once (an interpreter costs seconds to start, a study not)."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_AT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(project.__file__).parents[1])},
+        )
+        for _ in range(4)
+    ]
+    watchdog = threading.Timer(300, lambda: [p.kill() for p in processes])  # a hang ends the reads
+    watchdog.start()
+    try:
+        assert [p.stdout.readline().strip() for p in processes] == ["ready"] * 4  # each has imported
+        for attempt in range(3):
+            database = tmp_path / f"study-{attempt}.db"
+            config = sweep_config(tmp_path, name="together", storage=f"sqlite:///{database}")
+            start = time.time() + 2  # after every process has parsed the config
+            for p in processes:
+                p.stdin.write(f"{config} {start}\n")
+                p.stdin.flush()
+            answers = [p.stdout.readline().strip() for p in processes]
+            failed = [p for p, answer in zip(processes, answers, strict=True) if answer != "opened"]
+            assert failed == [], [p.wait(60) and p.stderr.read()[-2000:] for p in failed]
+            assert optuna.load_study(study_name="together", storage=f"sqlite:///{database}").trials == []
+        for p in processes:
+            p.stdin.close()
+        assert [p.wait(60) for p in processes] == [0] * 4, [p.stderr.read() for p in processes]
+    finally:
+        watchdog.cancel()
+        for p in processes:
+            p.kill()
+            p.wait()
 
 
 # The trial logic, with the fit replaced by what a fit does to the study (see SweepTrial).
@@ -421,6 +446,7 @@ class Scores(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("lower", "epochs"), [(0.5, 1), (0.0, 3)])
 def test_sweep_trial_reports_and_stops_when_pruned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lower: float, epochs: int
@@ -439,6 +465,7 @@ def test_sweep_trial_reports_and_stops_when_pruned(
     assert frozen.user_attrs.get(PRUNED_AT) == (0 if lower else None)
 
 
+@pytest.mark.slow
 def test_sweep_trial_names_a_metric_not_logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
     trial = optuna.create_study(study_name="s", storage=url).ask()
@@ -569,6 +596,7 @@ def postgres() -> Iterator[str]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_postgresql_storage(workdir: Path, monkeypatch: pytest.MonkeyPatch, postgres: str) -> None:
     """The multi-machine set-up's storage: a study in a PostgreSQL server, reached by URL from the sweep
     process (its trials, heartbeats) and from a trial's fit (SweepTrial). Whole sweeps: the SQLite test."""

@@ -31,6 +31,7 @@ def test_error_messages_are_one_line_whatever_the_names() -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_class_folder_with_control_characters_is_printed_escaped(
     workdir: Path, shapes_root: Path, capfd: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -130,6 +130,7 @@ def pngs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_the_export_records_its_calibration(trained: Path) -> None:
     meta = json.loads((trained / "latest.json").read_text())
     assert set(meta) >= CALIBRATION_KEYS
@@ -152,6 +153,7 @@ def rows(path: Path) -> dict[str, dict]:
         return {Path(r["file"]).name: r for r in csv.DictReader(f)}
 
 
+@pytest.mark.slow
 def test_predict_infer_and_serve_answer_unknown_alike(
     trained: Path, pngs: Path, tmp_path: Path, workdir: Path
 ) -> None:
@@ -209,6 +211,7 @@ def test_predict_infer_and_serve_answer_unknown_alike(
     assert not [r for r in rows(inferred).values() if r["class_name"] == "unknown"]
 
 
+@pytest.mark.slow
 def test_the_int8_export_is_measured_and_runs(trained: Path, pngs: Path) -> None:
     int8 = next(trained.glob("t-*-int8.onnx"))
     meta = json.loads(int8.with_suffix(".json").read_text())
@@ -235,6 +238,7 @@ def test_the_int8_export_is_measured_and_runs(trained: Path, pngs: Path) -> None
         assert top2.probabilities[0] >= top2.probabilities[1] and sum(top2.probabilities) <= 1 + 1e-9
 
 
+@pytest.mark.slow
 def test_predict_explain_writes_an_overlay_per_image(
     trained: Path, pngs: Path, tmp_path: Path, workdir: Path
 ) -> None:
@@ -248,6 +252,7 @@ def test_predict_explain_writes_an_overlay_per_image(
     assert image.shape == (32, 32, 3) and image.std() > 0
 
 
+@pytest.mark.slow
 def test_flip_tta_keeps_the_exports_unknown_rule(
     trained: Path, colours_root: Path, tmp_path: Path, workdir: Path
 ) -> None:

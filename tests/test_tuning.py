@@ -20,6 +20,7 @@ def temporary_checkpoints(folder: Path) -> list[Path]:
     return [*folder.rglob(".lr_find_*.ckpt"), *folder.rglob(".scale_batch_size_*.ckpt")]
 
 
+@pytest.mark.slow
 def test_lr_find_prints_the_flag_and_writes_the_plot(
     workdir: Path, shapes_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -41,6 +42,7 @@ def test_lr_find_prints_the_flag_and_writes_the_plot(
     assert not (workdir / "checkpoints" / "probe").exists()
 
 
+@pytest.mark.slow
 def test_batch_size_find_prints_the_largest_batch(
     workdir: Path, shapes_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
