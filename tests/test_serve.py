@@ -35,11 +35,13 @@ from PIL import Image
 
 from project.deploy.classifier import Classifier
 from project.deploy.serve import app as serve_app
-from project.deploy.serve.app import Prepared, Settings, run_batch
+from project.deploy.serve import service as serve_service
 from project.deploy.serve.batching import Batcher
 from project.deploy.serve.bodies import Limits
 from project.deploy.serve.command import main as serve_main
 from project.deploy.serve.models import ModelSlot
+from project.deploy.serve.predictions import Prepared, run_batch
+from project.deploy.serve.service import Settings
 
 CLASSES = ["red", "green", "blue", "dark"]
 SRC = str(Path(__file__).parents[1] / "src")  # the code under test, also where it is not installed
@@ -625,7 +627,7 @@ def test_an_unforeseen_error_is_a_json_500_counted_in_metrics(
     def broken(*args: object) -> None:
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(serve_app, "prepare", broken)
+    monkeypatch.setattr(serve_service, "prepare", broken)
     limits = Limits(max_body_bytes=2**20, max_pixels=10**6, read_timeout_s=5)
     settings = Settings(
         top_k=3, max_batch_size=4, max_wait_ms=1, max_pending=8, decode_threads=1, limits=limits
@@ -891,7 +893,7 @@ def test_reload_needs_the_token_and_runs_one_at_a_time(
 FREED_BODIES = """
 import sys, threading
 from pathlib import Path
-from project.deploy.serve.memory import return_freed_bodies, trim
+from project.deploy.serve.body_memory import return_freed_bodies, trim
 
 def rss_mb():
     status = Path("/proc/self/status").read_text().splitlines()
@@ -974,8 +976,8 @@ def test_sampler_queue_holds_at_most_its_bytes(tmp_path: Path) -> None:
 
 
 def test_images_being_decoded_share_the_budget_with_bodies() -> None:
-    from project.deploy.serve.app import BodyBudget
     from project.deploy.serve.bodies import RequestError
+    from project.deploy.serve.body_memory import BodyBudget
 
     budget = BodyBudget(1000)
     first = budget.reserve_decoding(600, 10, 20)

@@ -16,8 +16,8 @@ from project.deploy import calibration
 from project.deploy.calibration import Calibration
 from project.deploy.classifier import Classifier
 from project.deploy.infer import main as infer_main
-from project.deploy.serve.app import Prepared, answer, run_batch
 from project.deploy.serve.models import load_model
+from project.deploy.serve.predictions import Prepared, answer, run_batch
 from project.export import fit_calibration as calibrate
 from project.report import write_reliability
 from tests.helpers import fast_args, run_cli

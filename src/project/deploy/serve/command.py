@@ -19,9 +19,16 @@ import socket
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from project.config_checks import positive_int, require
 from project.errors import UserError, exits_on_user_error
+
+if TYPE_CHECKING:  # imported by serve() itself, once the flags are checked
+    from starlette.types import ASGIApp
+
+    from project.deploy.serve.sampler import Sampler
+    from project.deploy.serve.service import Settings
 
 DESCRIPTION = "Serve an exported model over HTTP with dynamic batching (onnxruntime or OpenVINO; no torch)."
 TOKEN_VARIABLE = "PROJECT_RELOAD_TOKEN"
@@ -178,21 +185,26 @@ def connection_cap(wanted: int) -> int:
 
 
 def serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
-    from project.deploy.serve.app import Settings, create_app
-    from project.deploy.serve.bodies import Limits
-    from project.deploy.serve.connections import ConnectionLimits, guarded_protocol
-    from project.deploy.serve.memory import return_freed_bodies
+    """Load the model, bind the socket and serve until SIGTERM or Ctrl-C."""
+    from project.deploy.serve.app import create_app
+    from project.deploy.serve.body_memory import return_freed_bodies
     from project.deploy.serve.models import ModelSlot
-    from project.deploy.serve.sampler import Sampler
 
     return_freed_bodies()
     slot = ModelSlot(Path(args.model), args.threads, args.unknown_accept)
     sock = bind(args.host, args.port)
-    host, port = sock.getsockname()[:2]
+    max_connections = connection_cap(args.max_connections)
+    banner = banner_of(args, slot.current.version, sock.getsockname()[:2], max_connections)
+    app = create_app(slot, settings_of(args), sampler_of(args), banner)
+    run(app, sock, args, max_connections)
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    from project.deploy.serve.bodies import Limits
+    from project.deploy.serve.service import Settings
+
     limits = Limits(round(args.max_body_mb * 2**20), args.max_pixels, args.read_timeout)
-    settings = Settings(
+    return Settings(
         args.top_k,
         args.max_batch_size,
         args.max_wait_ms,
@@ -203,22 +215,29 @@ def serve(args: argparse.Namespace) -> None:
         reload_token=args.reload_token,
         api_docs=args.api_docs,
     )
-    max_header_bytes = round(args.max_header_kb * 1024)
-    max_connections = connection_cap(args.max_connections)
-    connection_limits = ConnectionLimits(args.header_timeout, max_header_bytes, max_connections)
-    sampler = None
-    if args.sample_fraction > 0:
-        max_bytes = round(args.sample_max_mb * 2**20)
-        try:
-            sampler = Sampler(Path(args.sample_dir), args.sample_fraction, max_bytes)
-        except OSError as e:
-            raise UserError(
-                f"Cannot keep samples in --sample_dir '{args.sample_dir}': {e.strerror or e}.",
-                "pass a folder this user can create and write, or leave out --sample_fraction.",
-            ) from None
+
+
+def sampler_of(args: argparse.Namespace) -> Sampler | None:
+    """The sampler --sample_fraction asks for, or None; UserError when --sample_dir is unusable."""
+    from project.deploy.serve.sampler import Sampler
+
+    if args.sample_fraction == 0:
+        return None
+    try:
+        return Sampler(Path(args.sample_dir), args.sample_fraction, round(args.sample_max_mb * 2**20))
+    except OSError as e:
+        raise UserError(
+            f"Cannot keep samples in --sample_dir '{args.sample_dir}': {e.strerror or e}.",
+            "pass a folder this user can create and write, or leave out --sample_fraction.",
+        ) from None
+
+
+def banner_of(args: argparse.Namespace, version: str, address: tuple[str, int], max_connections: int) -> str:
+    """The first lines printed: the address actually served, and a connection cap lower than asked."""
+    host, port = address
     shown = f"[{host}]" if ":" in host else host
     banner = (
-        f"Serving {args.model} (version {slot.current.version}) on http://{shown}:{port} "
+        f"Serving {args.model} (version {version}) on http://{shown}:{port} "
         f"(max batch {args.max_batch_size}, max wait {args.max_wait_ms:g} ms). Stop with Ctrl-C or SIGTERM."
     )
     if max_connections < args.max_connections:
@@ -226,7 +245,17 @@ def serve(args: argparse.Namespace) -> None:
             f"\nAt most {max_connections} open connections, not --max_connections "
             f"{args.max_connections}: the open-file limit (ulimit -n) is lower."
         )
-    app = create_app(slot, settings, sampler, banner)
+    return banner
+
+
+def run(app: ASGIApp, sock: socket.socket, args: argparse.Namespace, max_connections: int) -> None:
+    """Run `app` with uvicorn on `sock` until a stop signal, then exit with status 0."""
+    import uvicorn
+
+    from project.deploy.serve.connections import ConnectionLimits, guarded_protocol
+
+    max_header_bytes = round(args.max_header_kb * 1024)
+    connection_limits = ConnectionLimits(args.header_timeout, max_header_bytes, max_connections)
     # no limit_concurrency: it counts idle connections too, so a slow client flood would refuse
     # every good request; the protocol's cap closes the idle ones instead (connections.py)
     config = uvicorn.Config(

@@ -1,0 +1,75 @@
+"""One image through the served model: decoded and preprocessed, run in a batch, shaped into an answer.
+
+Decoding and preprocessing are exactly those of `infer`. An image remembers the model it was
+preprocessed for, so that a batch formed across a reload runs each image on its own model and
+answers with that model's version and class names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from project.deploy.calibration import UNKNOWN
+from project.deploy.serve import bodies
+from project.deploy.serve.models import LoadedModel
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One request's image, ready for a batch: the model it was preprocessed for travels with it."""
+
+    model: LoadedModel
+    array: np.ndarray  # uint8 [3, size, size]
+    width: int
+    height: int
+    image_format: str | None
+
+
+def prepare(data: bytes, model: LoadedModel, max_pixels: int) -> Prepared:
+    """Decode and preprocess exactly as `infer` does (runs in the decode pool)."""
+    image, image_format = bodies.decode(data, max_pixels)
+    return Prepared(model, model.classifier.preprocess(image), image.width, image.height, image_format)
+
+
+def run_batch(items: Sequence[Prepared]) -> list[tuple[np.ndarray, int]]:
+    """(logits, batch size) per item. Items preprocessed for an older model run on that model."""
+    results: list[tuple[np.ndarray, int]] = [(np.empty(0), 0)] * len(items)
+    groups: dict[int, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(id(item.model), []).append(i)
+    for indices in groups.values():
+        model = items[indices[0]].model
+        logits = model.classifier.logits(np.stack([items[i].array for i in indices]))
+        for i, p in zip(indices, logits, strict=True):
+            results[i] = (p, len(indices))
+    return results
+
+
+def answer(model: LoadedModel, logits: np.ndarray, top_k: int, batch_size: int) -> dict:
+    """The JSON answer for one image's logits: calibrated top-k, `unknown` below the export's threshold."""
+    classifier = model.classifier
+    probabilities = classifier.probabilities_of(logits[None])[0]
+    names, probs = classifier.top(probabilities, top_k)
+    result = {
+        "version": model.version,
+        "predictions": [{"class_name": n, "probability": p} for n, p in zip(names, probs, strict=True)],
+        "batch_size": batch_size,
+    }
+    if not classifier.multilabel:
+        unknown, scores = classifier.unknown(logits[None])
+        result["class_name"] = UNKNOWN if unknown[0] else names[0]
+        if scores is not None:
+            calibration = classifier.calibration
+            result["unknown"] = {
+                "score": calibration.score_name,
+                "value": float(scores[0]),
+                "threshold": calibration.threshold,
+            }
+    if model.classifier.multilabel:  # every label at or above the export's threshold, not only the top k
+        threshold = model.classifier.threshold
+        all_names = model.classifier.class_names
+        result["labels"] = [n for n, p in zip(all_names, probabilities, strict=True) if p >= threshold]
+    return result
