@@ -36,6 +36,7 @@ RESERVED_FILES = 64  # descriptors beside the connections: listening socket, mod
 
 
 def parser() -> argparse.ArgumentParser:
+    """serve's flags, in groups as `--help` shows them."""
     p = argparse.ArgumentParser(prog="python -m project serve", description=DESCRIPTION)
     p.add_argument(
         "--model",
@@ -52,6 +53,26 @@ def parser() -> argparse.ArgumentParser:
         help="share of validation images accepted; below the threshold this gives, the answer's "
         "class_name is `unknown` (default: the export's, usually 0.95; 0: never unknown)",
     )
+    add_batching(p)
+    add_limits(p)
+    access = p.add_argument_group("access")
+    access.add_argument(
+        "--reload_token",
+        default=os.environ.get(TOKEN_VARIABLE) or None,
+        help=f"secret that POST /reload must send as 'Authorization: Bearer ...' "
+        f"(default: ${TOKEN_VARIABLE}; unset: only SIGHUP reloads)",
+    )
+    access.add_argument("--api_docs", action="store_true", help="serve /docs and /openapi.json")
+    sampling = p.add_argument_group("input sampling (for data drift)")
+    sampling.add_argument("--sample_fraction", type=float, default=0.0, help="share of requests kept, 0-1")
+    sampling.add_argument("--sample_dir", default=None, help="folder for the kept images and answers")
+    sampling.add_argument("--sample_max_mb", type=float, default=500.0, help="folder bound; oldest deleted")
+    p.add_argument("--access_log", action="store_true", help="log every request (costs throughput)")
+    return p
+
+
+def add_batching(p: argparse.ArgumentParser) -> None:
+    """The flags of the batcher and of the threads it and decoding use."""
     batching = p.add_argument_group("batching")
     batching.add_argument("--max_batch_size", type=int, default=32, help="1 turns batching off")
     batching.add_argument("--max_wait_ms", type=float, default=5.0, help="how long a batch waits to fill up")
@@ -67,6 +88,10 @@ def parser() -> argparse.ArgumentParser:
         default=max(1, min(4, (os.cpu_count() or 2) // 2)),
         help="threads decoding and resizing images (default: half the cores, at most 4)",
     )
+
+
+def add_limits(p: argparse.ArgumentParser) -> None:
+    """The flags bounding what clients may send and hold: bodies, images, time, connections."""
     limits = p.add_argument_group("limits")
     limits.add_argument("--max_body_mb", type=float, default=20.0, help="largest request body")
     limits.add_argument("--max_pixels", type=int, default=40_000_000, help="largest image (width x height)")
@@ -92,20 +117,6 @@ def parser() -> argparse.ArgumentParser:
         default=1000,
         help="open connections; beyond, the longest-idle one is closed, or 503 (fits ulimit -n)",
     )
-    access = p.add_argument_group("access")
-    access.add_argument(
-        "--reload_token",
-        default=os.environ.get(TOKEN_VARIABLE) or None,
-        help=f"secret that POST /reload must send as 'Authorization: Bearer ...' "
-        f"(default: ${TOKEN_VARIABLE}; unset: only SIGHUP reloads)",
-    )
-    access.add_argument("--api_docs", action="store_true", help="serve /docs and /openapi.json")
-    sampling = p.add_argument_group("input sampling (for data drift)")
-    sampling.add_argument("--sample_fraction", type=float, default=0.0, help="share of requests kept, 0-1")
-    sampling.add_argument("--sample_dir", default=None, help="folder for the kept images and answers")
-    sampling.add_argument("--sample_max_mb", type=float, default=500.0, help="folder bound; oldest deleted")
-    p.add_argument("--access_log", action="store_true", help="log every request (costs throughput)")
-    return p
 
 
 def check(args: argparse.Namespace) -> None:
