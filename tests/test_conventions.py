@@ -211,6 +211,19 @@ def test_no_import_cycles_between_the_rooms_of_the_package() -> None:
     assert cycles == []
 
 
+def test_the_service_has_no_function_over_50_lines() -> None:
+    """serve/ reads top to bottom: its state is an object with methods and its routes short functions,
+    not 140 lines of closures in one factory (functions nested in a function count towards it)."""
+    serve = Path(project.__file__).parent / "deploy" / "serve"
+    long = [
+        f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted(serve.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50
+    ]
+    assert long == []
+
+
 # ---- the fast lane: `pytest -m "not slow"` ------------------------------------------------------------
 # A static reading of the tests (their AST), so that the check itself costs nothing: a test is expensive
 # when its body, a fixture it requests or a function it calls (transitively, across tests/*.py) trains
