@@ -210,7 +210,8 @@ def create_app(
     app = FastAPI(
         title="Image classification service", lifespan=lifespan, exception_handlers=HANDLERS, **docs
     )
-    app.state.service = service = Service(slot, settings, sampler)
+    service = Service(slot, settings, sampler)
+    app.state.service = service  # what the routes and the lifespan reach through their request or app
     app.state.banner = banner
     app.add_middleware(StatusCounter, counts=service.statuses)
     for method, path, route in ROUTES:
