@@ -1,4 +1,4 @@
-"""Write `predict` results to a CSV: file, class_name, probability, then the top-k classes.
+"""Write `predict` results to a CSV: file, class_name, probability, the top-k classes, then why `unknown`.
 
 For a multi-label model: file, the predicted labels, and every label's probability. Under DDP the
 rows of every process are gathered: the CSV has each image exactly once, whatever the strategy.
@@ -68,10 +68,12 @@ class PredictionWriter(BasePredictionWriter):
         self._probabilities: list[torch.Tensor] = []
         self._classes: list[torch.Tensor] = []
         self._known: list[torch.Tensor] = []
+        self._scores: list[torch.Tensor] = []  # the unknown scores, for the `reason` column
 
     @override
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._positions, self._probabilities, self._classes, self._known = [], [], [], []
+        self._scores = []
         self.calibration = Calibration()
         if not is_multilabel(pl_module):
             found = self._export_sidecar(trainer)
@@ -122,14 +124,17 @@ class PredictionWriter(BasePredictionWriter):
         if is_multilabel(pl_module):  # every label's probability, in label order
             probabilities, classes = logits.sigmoid(), torch.empty(len(logits), 0, dtype=torch.long)
             known = torch.ones(len(logits), dtype=torch.bool)
+            scores = torch.zeros(len(logits), dtype=torch.double)
         else:
             calibrated = torch.from_numpy(self.calibration.probabilities(logits.numpy()))
             probabilities, classes = calibrated.topk(self._k(pl_module), dim=1)
             known = torch.from_numpy(self.calibration.known(logits.numpy()))
+            scores = torch.from_numpy(self.calibration.scores(logits.numpy()))
         self._positions.append(batch[1].detach().cpu())
         self._probabilities.append(probabilities.double())
         self._classes.append(classes)
         self._known.append(known)
+        self._scores.append(scores)
         if self._explainer is not None:
             dataset = trainer.predict_dataloaders.dataset
             names = [_relative(dataset.files[i], dataset.root) for i in batch[1].tolist()]
@@ -143,7 +148,9 @@ class PredictionWriter(BasePredictionWriter):
         probabilities = _gather(trainer, pl_module, _cat(self._probabilities, (0, width), torch.double))
         classes = _gather(trainer, pl_module, _cat(self._classes, (0, 0 if multilabel else width)))
         known = _gather(trainer, pl_module, _cat(self._known, (0,), torch.bool))
+        scores = _gather(trainer, pl_module, _cat(self._scores, (0,), torch.double))
         self._positions, self._probabilities, self._classes, self._known = [], [], [], []
+        self._scores = []
         if not trainer.is_global_zero:
             return
         # each image once, in the order of the file list: np.unique sorts and finds first occurrences
@@ -153,6 +160,7 @@ class PredictionWriter(BasePredictionWriter):
             probabilities[order].tolist(),
             classes[order].tolist(),
             known[order].tolist(),
+            scores[order].tolist(),
             strict=True,
         )
         self.output.parent.mkdir(parents=True, exist_ok=True)
@@ -165,15 +173,18 @@ class PredictionWriter(BasePredictionWriter):
         names = label_names(pl_module)
         if is_multilabel(pl_module):
             writer.writerow(prediction_csv.multilabel_header(names))
-            for i, probs, _, _ in rows:
+            for i, probs, *_ in rows:
                 file = _relative(dataset.files[i], dataset.root)
                 writer.writerow(prediction_csv.multilabel_row(file, names, probs, pl_module.threshold))
             return
         writer.writerow(prediction_csv.header(self._k(pl_module)))
-        for i, top_p, top_c, known in rows:
+        for i, top_p, top_c, known, score in rows:
             file = _relative(dataset.files[i], dataset.root)
             top = [names[c] for c in top_c]
-            writer.writerow(prediction_csv.row(file, top, top_p, None if known else UNKNOWN))
+            if known:
+                writer.writerow(prediction_csv.row(file, top, top_p))
+            else:
+                writer.writerow(prediction_csv.row(file, top, top_p, UNKNOWN, self.calibration.reason(score)))
 
     def _k(self, pl_module: L.LightningModule) -> int:
         return min(self.top_k, len(label_names(pl_module)))
