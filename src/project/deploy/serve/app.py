@@ -1,4 +1,4 @@
-"""The HTTP routes: POST /predict, POST /reload, GET /health, /metadata and /metrics.
+"""The HTTP routes: POST /predict, POST /reload, GET /health, /metadata and /metrics, and the page at GET /.
 
 A /predict request reads its body on the event loop (within the limits and the shared budget of
 body memory), decodes and preprocesses it in a thread pool (Pillow releases the GIL, so decoding
@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from project.deploy.calibration import UNKNOWN
-from project.deploy.serve import bodies, memory
+from project.deploy.serve import bodies, memory, page
 from project.deploy.serve.batching import Batcher, Overloaded
 from project.deploy.serve.bodies import Limits, RequestError
 from project.deploy.serve.models import LoadedModel, ModelSlot
@@ -418,6 +418,10 @@ def create_app(
     async def reload_route(request: Request) -> dict:
         authorized(request, settings.reload_token)
         return await reload()
+
+    @app.get("/", response_class=HTMLResponse)
+    async def try_page() -> HTMLResponse:  # a person's way to try the model (page.py)
+        return HTMLResponse(page.HTML, headers=page.HEADERS)
 
     @app.get("/health")
     async def health() -> dict:
