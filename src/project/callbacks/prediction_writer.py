@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
 from project.atomic import atomic_files
+from project.checkpoint_io import load_checkpoint_file
 from project.deploy import prediction_csv
 from project.deploy.calibration import UNKNOWN, Calibration
 from project.deploy.sidecar import Sidecar, source_of
@@ -97,14 +98,19 @@ class PredictionWriter(BasePredictionWriter):
                 )
             return Sidecar.load(Path(self.sidecar))  # every value checked, the key named
         found = export_of(trainer.ckpt_path)
+        if not trainer.is_global_zero:
+            return found
         if found is None:
-            if trainer.is_global_zero:
-                print(
-                    f"No export of '{trainer.ckpt_path}' beside it: probabilities are the plain softmax "
-                    "and no image is `unknown`. Export it first (python -m project export --ckpt_path ...) "
-                    "or pass --predictions.sidecar=PATH.json."
-                )
-            return None
+            print(
+                no_export_message(trainer.ckpt_path)
+                if trainer.ckpt_path
+                else "No --ckpt_path: plain softmax."
+            )
+        elif Path(found.source_checkpoint or "").resolve() != Path(trainer.ckpt_path).resolve():
+            print(
+                f"Calibrated with the export of '{found.source_checkpoint}': its weights are those of "
+                f"'{trainer.ckpt_path}'."
+            )
         return found
 
     @override
@@ -191,12 +197,32 @@ class PredictionWriter(BasePredictionWriter):
 
 
 def export_of(ckpt_path: str | os.PathLike | None) -> Sidecar | None:
-    """The sidecar of the newest float export of `ckpt_path` in its folder, or None."""
+    """The sidecar of the newest float export of `ckpt_path` in its folder, or None.
+
+    An export of another checkpoint there whose model weights are `ckpt_path`'s counts too:
+    right after a fit whose last epoch was its best, `last.ckpt` holds the weights the run
+    exported from its best checkpoint (the two files differ only in their training state).
+    """
     if not ckpt_path:
         return None
     ckpt = Path(ckpt_path).resolve()
-    newest: tuple[float, dict, Path] | None = None
-    for path in ckpt.parent.glob("*.json"):
+    exports = float_exports(ckpt.parent)
+    mine = [e for e in exports if e[2] == ckpt]
+    if not mine:
+        others = [e for e in exports if e[2] != ckpt and e[2].is_file()]
+        weights = _weights(ckpt) if others else None
+        mine = [e for e in others if weights is not None and _equal(_weights(e[2]), weights)][:1]
+    if not mine:
+        return None
+    path, meta, _ = mine[0]
+    return Sidecar.from_dict(meta, path)  # found by its checkpoint; every value checked here
+
+
+def float_exports(folder: Path) -> list[tuple[Path, dict, Path]]:
+    """(sidecar, its JSON object, its source checkpoint resolved) of each float export in `folder`,
+    newest first; `latest.json` links and int8 exports are left out."""
+    found: list[tuple[float, Path, dict, Path]] = []
+    for path in folder.glob("*.json"):
         if path.is_symlink() or path.stem.endswith("-int8"):
             continue
         try:
@@ -204,13 +230,42 @@ def export_of(ckpt_path: str | os.PathLike | None) -> Sidecar | None:
         except (ValueError, OSError):
             continue  # not a sidecar
         source = source_of(meta)
-        if source is None or Path(source).resolve() != ckpt:
-            continue  # not a sidecar, or another checkpoint's
-        if newest is None or path.stat().st_mtime > newest[0]:
-            newest = (path.stat().st_mtime, meta, path)
-    if newest is None:
+        if source is not None:
+            found.append((path.stat().st_mtime, path, meta, Path(source).resolve()))
+    found.sort(key=lambda item: item[0], reverse=True)
+    return [(path, meta, source) for _, path, meta, source in found]
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor] | None:
+    """The model weights a checkpoint file holds; None when it cannot be read as one."""
+    try:
+        weights = load_checkpoint_file(ckpt).get("state_dict")
+    except UserError:  # unreadable or refused: not the same weights, and predict says why elsewhere
         return None
-    return Sidecar.from_dict(newest[1], newest[2])  # found by its checkpoint path; every value checked here
+    return weights if isinstance(weights, dict) else None
+
+
+def _equal(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor]) -> bool:
+    return a is not None and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def no_export_message(ckpt_path: str | os.PathLike) -> str:
+    """What predict says when `ckpt_path` has no export: which file to pass instead."""
+    ckpt = Path(ckpt_path).resolve()
+    plain = "probabilities are the plain softmax and no image is `unknown`"
+    others = [e for e in float_exports(ckpt.parent) if e[2].is_file()]
+    if not others:
+        return (
+            f"No export of '{ckpt_path}' beside it: {plain}. Export it first (python -m project export "
+            f"--ckpt_path {ckpt_path}) or pass --predictions.sidecar=PATH.json."
+        )
+    sidecar, _, source = others[0]
+    return (
+        f"No export of '{ckpt_path}' beside it: {plain}. The run's export '{sidecar}' is of "
+        f"'{source}', whose weights differ. Pass --ckpt_path={source} to predict with the exported "
+        f"model and its calibration, or export this checkpoint first (python -m project export "
+        f"--ckpt_path {ckpt_path})."
+    )
 
 
 def _check_classes(found: Sidecar, sidecar: str | None, names: list[str]) -> None:
