@@ -104,7 +104,8 @@ class PredictionWriter(BasePredictionWriter):
             print(
                 no_export_message(trainer.ckpt_path)
                 if trainer.ckpt_path
-                else "No --ckpt_path: plain softmax."
+                else "No --ckpt_path, so no export to calibrate with: probabilities are the plain softmax "
+                "and no image is `unknown`."
             )
         elif Path(found.source_checkpoint or "").resolve() != Path(trainer.ckpt_path).resolve():
             print(
