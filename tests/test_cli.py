@@ -120,7 +120,7 @@ def test_validate_test_and_predict_from_a_checkpoint(
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["file", "class_name", "probability"] + [
         f"top{k}_{c}" for k in (1, 2, 3) for c in ("class", "probability")
-    ]
+    ] + ["reason"]
     assert sorted(r["file"] for r in rows) == sorted(f"batch{i % 2}/IMG_{i}.JPG" for i in range(len(sources)))
 
     checkpoint = torch.load(ckpt, weights_only=False)

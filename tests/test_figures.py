@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import tracemalloc
 from pathlib import Path
@@ -78,6 +79,21 @@ def test_per_class_accuracy_of_many_classes_shows_the_lowest_and_highest() -> No
     shown = [t.get_text() for t in ax.get_yticklabels()]
     assert shown[-1] == "c0" and shown[0] == "c1999"  # lowest on top
     assert "the 25 lowest and highest of 2000 classes" in ax.get_xlabel()
+
+
+@pytest.mark.parametrize(("classes", "smallest"), [(6, 14), (30, 7.5)])
+def test_per_class_labels_are_as_large_as_their_rows_allow(classes: int, smallest: float) -> None:
+    from project.report import Run, draw_report
+
+    names = [f"class-{i}" for i in range(classes)]
+    run = Run("r", {f"val_class_acc/{n}": (np.array([1]), np.array([0.5])) for n in names}, class_names=names)
+    figure = draw_report(run)
+    figure.canvas.draw()
+    ax = figure.axes[-1]  # the per-class panel, drawn in the report's layout
+    labels = ax.get_yticklabels()
+    assert min(label.get_fontsize() for label in labels) >= smallest  # 8 pt before: unreadable on a page
+    boxes = [label.get_window_extent() for label in labels]
+    assert all(a.y1 <= b.y0 + 1 for a, b in itertools.pairwise(boxes))  # no label overlaps the next
 
 
 def test_the_top_confusions_table_names_the_pairs() -> None:

@@ -174,8 +174,8 @@ def test_top_k_above_the_classes_lists_them_all(model: Path, tmp_path: Path) -> 
     assert infer("--model", str(model), "--top_k", "50", "--output", str(output), str(image)).returncode == 0
     with open(output) as f:
         header, row = list(csv.reader(f))
-    assert header[-2:] == ["top4_class", "top4_probability"] and len(row) == len(header)
-    assert sorted(row[3::2]) == ["blue", "dark", "green", "red"]
+    assert header[-3:] == ["top4_class", "top4_probability", "reason"] and len(row) == len(header)
+    assert sorted(row[3:-1:2]) == ["blue", "dark", "green", "red"]
 
 
 def test_names_that_a_spreadsheet_would_evaluate_are_written_as_text(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from project.callbacks.prediction_writer import PredictionWriter
+from project.callbacks.prediction_writer import PredictionWriter, export_of, no_export_message
 from project.csv_cells import original_cell, spreadsheet_cell
 from project.data.dataset import FileDataset, collate_skipping_none
 from project.errors import UserError
@@ -139,3 +139,28 @@ def test_a_sidecar_that_does_not_fit_stops_predict_naming_the_key(
     with pytest.raises(UserError, match=expected):
         tiny_trainer(writer).predict(MeanColour(), loader, return_predictions=False)
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_last_ckpt_uses_the_export_of_a_checkpoint_with_its_weights_or_names_the_files(
+    tmp_path: Path,
+) -> None:
+    weights = {"net.weight": torch.arange(6.0).reshape(2, 3), "net.bias": torch.zeros(2)}
+    # last.ckpt after a fit whose last epoch was the best: the best's weights, other training state
+    torch.save({"state_dict": weights, "epoch": 3}, tmp_path / "epoch=3-val_acc=0.9.ckpt")
+    torch.save(
+        {"state_dict": {k: v.clone() for k, v in weights.items()}, "epoch": 3, "loops": {}},
+        tmp_path / "last.ckpt",
+    )
+    changed = {**weights, "net.bias": torch.ones(2)}
+    torch.save({"state_dict": changed, "epoch": 1}, tmp_path / "epoch=1-val_acc=0.5.ckpt")
+    best = tmp_path / "epoch=3-val_acc=0.9.ckpt"
+    sidecar = {**GOOD_SIDECAR, "temperature": 2.5, "source_checkpoint": {"path": str(best)}}
+    (tmp_path / "run-export.json").write_text(json.dumps(sidecar))
+    found = export_of(tmp_path / "last.ckpt")
+    assert found is not None and found.temperature == 2.5 and found.source_checkpoint == str(best)
+    other = tmp_path / "epoch=1-val_acc=0.5.ckpt"
+    assert export_of(other) is None  # different weights: the export does not calibrate it
+    said = no_export_message(other)
+    assert f"The run's export '{tmp_path / 'run-export.json'}' is of '{best}', whose weights differ." in said
+    assert f"Pass --ckpt_path={best} to predict with the exported model" in said
+    assert f"(python -m project export --ckpt_path {other})" in said

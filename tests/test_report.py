@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import html
+import io
+import json
 import shutil
 import subprocess
 import sys
@@ -14,6 +17,9 @@ from PIL import Image
 from project.data.shapes import CLASSES
 from project.report import main, read_run
 from tests.helpers import fast_args, run_cli
+from tests.test_serve_page import CHROMIUM, FLAGS
+
+REPORT_SCREENSHOT = Path(__file__).parents[1] / "docs" / "images" / "report-page.png"
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -118,3 +124,79 @@ def test_a_declared_confusion_matrix_shape_is_bounded_before_allocating(
         "[50000, 50000]; expected [C, C] for C from 1 to 200 classes, as fit logs it. Fix: "
     )
     assert err.count("\n") == 1
+
+
+HTML_NAME = "<img src=x onerror=alert(1)>"  # a class name that is markup
+
+
+def crafted_run(workdir: Path) -> Path:
+    """logs/page as fit writes it (scalars, per-class accuracy, the misclassified grid) and its export's
+    sidecar with a reliability table: written directly, in milliseconds instead of a fit."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    grid = np.zeros((40, 80, 3), dtype=np.uint8)
+    grid[:, :40] = (200, 40, 40)  # two tiles: red, then blue
+    grid[:, 40:] = (40, 40, 200)
+    buffer = io.BytesIO()
+    Image.fromarray(grid).save(buffer, "PNG")
+    picture = summary_pb2.Summary.Image(
+        height=40, width=80, colorspace=3, encoded_image_string=buffer.getvalue()
+    )
+    run = workdir / "logs" / "page"
+    writer = EventFileWriter(str(run))
+    for step in (5, 10):
+        values = [("train/loss", 2.0 / step), ("val/loss", 1.5 / step), ("val/acc", step / 12)]
+        values += [("epoch", step // 5 - 1), ("val_class_acc/star", 0.9), (f"val_class_acc/{HTML_NAME}", 0.4)]
+        summary = [summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in values]
+        summary.append(summary_pb2.Summary.Value(tag="val/misclassified", image=picture))
+        writer.add_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=summary)))
+    writer.close()
+    bins = {"confidence": [0.1 * i + 0.05 for i in range(10)], "accuracy": [0.1 * i for i in range(10)]}
+    reliability = {"bins": 10, "before": {**bins, "count": [3] * 10}, "after": {**bins, "count": [3] * 10}}
+    sidecar = {"class_names": ["star", HTML_NAME], "image_size": 8, "preprocessing": {"crop_ratio": 1.0}}
+    sidecar |= {"temperature": 1.5, "ece_before": 0.1, "ece_after": 0.05, "reliability": reliability}
+    (workdir / "checkpoints" / "page").mkdir(parents=True)
+    (workdir / "checkpoints" / "page" / "latest.json").write_text(json.dumps(sidecar))
+    return run
+
+
+def test_report_html_shows_the_reliability_diagram_and_the_misclassified_images(workdir: Path) -> None:
+    run = crafted_run(workdir)
+    main(["page"])
+    assert np.asarray(Image.open(run / "misclassified.png"))[0, 0].tolist() == [200, 40, 40]  # the grid
+    assert Image.open(run / "reliability.png").size == (1000, 480)
+    text = (run / "report.html").read_text()
+    for picture in ('<img src="report.png"', '<img src="reliability.png"', '<img src="misclassified.png"'):
+        assert picture in text
+    assert "<h2>Misclassified validation images at step 10 (true → predicted)</h2>" in text
+    assert HTML_NAME not in text and html.escape(HTML_NAME) in text  # a name is text, never markup
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"no {CHROMIUM}: install Debian's chromium")
+def test_report_html_in_a_browser(workdir: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
+    run = crafted_run(workdir)
+    main(["page"])
+    dialogs: list[str] = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        page = browser.new_page(viewport={"width": 1000, "height": 700})
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.goto((run / "report.html").as_uri())
+        # every picture loaded (an image that fails to load has no natural width)
+        sizes = page.eval_on_selector_all("img", "images => images.map(i => [i.src, i.naturalWidth])")
+        assert [(Path(src).name, width) for src, width in sizes] == [
+            ("report.png", 2000),
+            ("reliability.png", 1000),
+            ("misclassified.png", 80),
+        ]
+        assert page.locator("h2").all_text_contents()[:2] == [
+            "Reliability of the export's probabilities (validation split)",
+            "Misclassified validation images at step 10 (true → predicted)",
+        ]
+        assert f"val_class_acc/{HTML_NAME}" in page.locator("td").all_text_contents()
+        page.screenshot(path=str(REPORT_SCREENSHOT), full_page=True)
+        browser.close()
+    assert dialogs == []

@@ -100,6 +100,21 @@ def point_latest(folder: Path, stem: str) -> None:
         os.replace(staging, folder / f"latest.{ext}")
 
 
+def with_unknown_keys(
+    export: Path, lowest: float, highest: float, class_names: list[str] | None = None
+) -> None:
+    """Give `export`'s sidecar the unknown keys export writes: validation energy scores spread evenly
+    from `lowest` to `highest`, the threshold accepting 95% of them; `class_names` renames the classes."""
+    sidecar = export.with_suffix(".json")
+    meta = json.loads(sidecar.read_text())
+    table = np.linspace(lowest, highest, 101).tolist()
+    meta |= {"temperature": 1.0, "unknown_score": "energy", "unknown_quantiles": table}
+    meta |= {"unknown_accept": 0.95, "unknown_threshold": lowest + 0.05 * (highest - lowest)}
+    if class_names is not None:
+        meta["class_names"] = class_names
+    sidecar.write_text(json.dumps(meta))
+
+
 def encode(img: Image.Image, fmt: str = "JPEG", **options: object) -> bytes:
     buffer = io.BytesIO()
     img.save(buffer, fmt, **options)

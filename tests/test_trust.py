@@ -21,6 +21,7 @@ from project.deploy.serve.predictions import Prepared, answer, run_batch
 from project.export import fit_calibration as calibrate
 from project.report import write_reliability
 from tests.helpers import fast_args, run_cli
+from tests.test_serve import tiny_export, with_unknown_keys
 
 CALIBRATION_KEYS = {
     "temperature",
@@ -59,6 +60,54 @@ def test_energy_and_threshold_rules() -> None:
         {"temperature": 2.0, "unknown_threshold": 3.0, "unknown_quantiles": table}, 0
     )
     assert off.threshold is None and off.known(logits).all()
+
+
+def test_the_reason_for_unknown_names_the_score_the_threshold_and_the_share() -> None:
+    rule = Calibration(1.0, "energy", threshold=6.0, accept=0.95)
+    assert rule.reason(5.32339) == (
+        "energy score 5.3234 is below the threshold 6.0000, which accepts 95% of the validation images"
+    )
+    assert rule.reason(6.0) == "" and rule.reason(10.5) == ""  # answered with a class
+    table = calibration.quantiles(np.arange(101.0))
+    meta = {"unknown_threshold": 5.0, "unknown_quantiles": table, "unknown_accept": 0.95}
+    assert "accepts 95% of" in Calibration.from_sidecar(meta).reason(1.0)
+    assert "below the threshold 50.0000, which accepts 50% of" in Calibration.from_sidecar(meta, 0.5).reason(
+        1.0
+    )
+    assert Calibration.from_sidecar(meta, 0).reason(-1e9) == ""  # rejection off
+    older = {"unknown_threshold": 5.0}  # an export from before unknown_accept was written
+    assert (
+        Calibration.from_sidecar(older).reason(1.0)
+        == "energy score 1.0000 is below the export's threshold 5.0000"
+    )
+
+
+def test_infer_and_serve_say_why_an_image_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny_export(tmp_path, "run", seed=0)
+    with_unknown_keys(
+        model, 5.0, 25.0
+    )  # threshold 6.0: the dark image (energy 5.3) is unknown, the red one not
+    for name, colour in {"dark": (5, 5, 5), "red": (220, 30, 20)}.items():
+        Image.new("RGB", (20, 20), colour).save(tmp_path / f"{name}.png")
+    why = "energy score 5.3234 is below the threshold 6.0000, which accepts 95% of the validation images"
+    images = [str(tmp_path / "dark.png"), str(tmp_path / "red.png")]
+    infer_main(["--model", str(model), "--top_k", "2", "--output", str(tmp_path / "out.csv"), *images])
+    written = rows(tmp_path / "out.csv")
+    assert list(written["dark.png"])[-1] == "reason"
+    assert (written["dark.png"]["class_name"], written["dark.png"]["reason"]) == ("unknown", why)
+    assert (written["red.png"]["class_name"], written["red.png"]["reason"]) == ("red", "")
+    capsys.readouterr()
+    infer_main(["--model", str(model), *images])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split("\t")[1] == f"unknown ({why})" and "unknown" not in printed[1]
+    loaded = load_model(model)
+    for name, reason in [("dark", why), ("red", None)]:
+        array = loaded.classifier.preprocess(tmp_path / f"{name}.png")
+        served = answer(loaded, run_batch([Prepared(loaded, array, 20, 20, None)])[0][0], 2, 1)
+        assert served["unknown"]["accept"] == 0.95 and served["unknown"]["threshold"] == pytest.approx(6.0)
+        assert served["unknown"]["reason"] == reason, name
 
 
 def test_calibration_is_skipped_with_a_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -194,6 +243,10 @@ def test_predict_infer_and_serve_answer_unknown_alike(
         served = answer(model, logits, 3, 1)
         assert served["class_name"] == row["class_name"]
         assert served["unknown"]["threshold"] == classifier.calibration.threshold
+        # the same reason everywhere: "<score> is below <threshold>, which accepts 50% of ..."
+        reason = row["reason"]
+        assert (served["unknown"]["reason"] or "") == by_predict[name]["reason"] == reason
+        assert ("accepts 50% of the validation images" in reason) == decisions[name], name
         got = [p["probability"] for p in served["predictions"]]
         assert got == pytest.approx([float(row[f"top{k}_probability"]) for k in (1, 2, 3)], abs=1e-6)
     # 0 turns rejection off

@@ -155,7 +155,11 @@ def draw_per_class(ax: Axes, accuracy: Sequence[float], class_names: Sequence[st
         order = np.concatenate([ranked[: MAX_DRAWN // 2], ranked[-MAX_DRAWN // 2 :]])[::-1]
     colors = [WRONG if a < accuracy.mean() - 0.1 else RIGHT for a in accuracy[order]]
     ax.barh(range(len(order)), accuracy[order], color=colors)
-    ax.set_yticks(range(len(order)), [printable(class_names[i]) for i in order], fontsize=8)
+    # labels as large as their rows allow (7 to 14 pt): 8 pt was unreadable where report.html
+    # scales the 2000-pixel picture down to a page, and the few classes most runs have leave room
+    row_points = ax.get_position().height * ax.get_figure().get_figheight() * 72 / len(order)
+    size = float(np.clip(0.7 * row_points, 7, 14))
+    ax.set_yticks(range(len(order)), [printable(class_names[i]) for i in order], fontsize=size)
     ax.set_xlim(0, 1)
     some = (
         f": the {MAX_DRAWN // 2} lowest and highest of {len(accuracy)} classes"
@@ -164,4 +168,4 @@ def draw_per_class(ax: Axes, accuracy: Sequence[float], class_names: Sequence[st
     )
     ax.set_xlabel(f"accuracy (recall) per class{some}")
     for y, a in enumerate(accuracy[order]):
-        ax.text(min(a, 0.88) + 0.01, y, f"{a:.3f}", va="center", fontsize=7)
+        ax.text(min(a, 0.88) + 0.01, y, f"{a:.3f}", va="center", fontsize=size - 1)

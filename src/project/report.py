@@ -4,10 +4,12 @@
 
 RUN is a run name (a folder in logs/) or the path of a run folder. Reads the run's TensorBoard
 event files and writes `report.png` (loss, accuracy, learning rate, throughput, the last
-confusion matrix and per-class accuracy) and `report.html` (the picture and the final metrics)
+confusion matrix and per-class accuracy) and `report.html` (the pictures and the final metrics)
 into the run folder. When the run has a calibrated export (`checkpoints/<run>/latest.json`), it
 also writes `reliability.png`: the reliability diagram of the validation split before and after
-the temperature. Needs neither torch nor lightning: tensorboard, numpy and matplotlib.
+the temperature; when it logged misclassified validation images (the `val/misclassified` grid of
+TensorBoard), the last grid goes to `misclassified.png`. report.html shows each picture written.
+Needs neither torch nor lightning: tensorboard, numpy and matplotlib.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from project.runs import CHECKPOINTS, LOGS
 
 CLASS_ACC = "val_class_acc/"
 COUNTS = "val/confusion_matrix_counts"
+MISCLASSIFIED = "val/misclassified"  # the grid the Misclassified callback logs
 
 
 @dataclass
@@ -43,6 +46,8 @@ class Run:
     counts: np.ndarray | None = None
     counts_step: int | None = None
     class_names: list[str] = field(default_factory=list)
+    misclassified: bytes | None = None  # the last grid of misclassified validation images, PNG
+    misclassified_step: int | None = None
 
     def last(self, tag: str) -> float | None:
         return float(self.scalars[tag][1][-1]) if tag in self.scalars else None
@@ -70,7 +75,7 @@ def read_run(run_dir: Path) -> Run:
             f"'{run_dir}' has no TensorBoard event files (events.out.tfevents.*).",
             "pass a run folder that `python -m project fit` wrote into logs/.",
         )
-    # 0: keep every scalar; images are not read
+    # 0: keep every scalar; of images, the last one of each tag (a reservoir keeps the newest)
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0, "images": 1})
     events.Reload()
     tags = events.Tags()
@@ -89,6 +94,9 @@ def read_run(run_dir: Path) -> Run:
     if COUNTS in tags["tensors"]:
         last = events.Tensors(COUNTS)[-1]
         run.counts, run.counts_step = _counts(run_dir, last.tensor_proto, last.step), last.step
+    if MISCLASSIFIED in tags["images"]:
+        last = events.Images(MISCLASSIFIED)[-1]
+        run.misclassified, run.misclassified_step = last.encoded_image_string, last.step
     return run
 
 
@@ -179,19 +187,24 @@ def _summary(run: Run) -> str:
     return ", ".join(parts) or "no metrics"
 
 
-def write_html(run: Run, png: Path, path: Path) -> None:
-    """A page with the picture and the last value of every scalar."""
+def write_html(run: Run, png: Path, path: Path, more: Sequence[tuple[str, str]] = ()) -> None:
+    """A page with the picture, the `more` pictures (file name, heading), the last value of each scalar."""
+    pictures = "\n".join(
+        f'<h2>{html.escape(heading)}</h2>\n<img src="{html.escape(name)}" alt="{html.escape(heading)}">'
+        for name, heading in more
+    )
     rows = "\n".join(
         f"<tr><td>{html.escape(tag)}</td><td>{values[-1]:.6g}</td><td>{int(steps[-1])}</td></tr>"
         for tag, (steps, values) in sorted(run.scalars.items())
     )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Run {html.escape(run.name)}</title>
-<style>body{{font-family:sans-serif;margin:2em}} img{{max-width:100%}}
+<style>body{{font-family:sans-serif;margin:2em}} img{{max-width:100%}} h2{{margin-top:1.5em}}
 td,th{{padding:2px 12px;text-align:left}} tr:nth-child(even){{background:#f4f4f4}}</style></head>
 <body><h1>Run {html.escape(run.name)}</h1>
 <p>{html.escape(_summary(run))}</p>
 <img src="{html.escape(png.name)}" alt="training curves, confusion matrix and per-class accuracy">
+{pictures}
 <h2>Last values</h2>
 <table><tr><th>metric</th><th>value</th><th>step</th></tr>
 {rows}
@@ -210,10 +223,17 @@ def report(run: str, output: str | None = None) -> Path:
     with figures.plain_text():  # class names and tags are text, never mathtext
         draw_report(data).savefig(image, format="png")
     atomic_write(png, image.getbuffer())
-    write_html(data, png, png.with_suffix(".html"))
+    more = []
     reliability = png.with_name("reliability.png")
     if write_reliability(CHECKPOINTS / run_dir.name / "latest.json", reliability):
         print(f"Reliability diagram written to {reliability}")
+        more.append((reliability.name, "Reliability of the export's probabilities (validation split)"))
+    if data.misclassified is not None:
+        misclassified = png.with_name("misclassified.png")
+        atomic_write(misclassified, data.misclassified)  # the PNG TensorBoard holds, as it is
+        heading = f"Misclassified validation images at step {data.misclassified_step} (true → predicted)"
+        more.append((misclassified.name, heading))
+    write_html(data, png, png.with_suffix(".html"), more)
     return png
 
 

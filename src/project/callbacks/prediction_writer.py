@@ -1,4 +1,4 @@
-"""Write `predict` results to a CSV: file, class_name, probability, then the top-k classes.
+"""Write `predict` results to a CSV: file, class_name, probability, the top-k classes, then why `unknown`.
 
 For a multi-label model: file, the predicted labels, and every label's probability. Under DDP the
 rows of every process are gathered: the CSV has each image exactly once, whatever the strategy.
@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
 from project.atomic import atomic_files
+from project.checkpoint_io import load_checkpoint_file
 from project.deploy import prediction_csv
 from project.deploy.calibration import UNKNOWN, Calibration
 from project.deploy.sidecar import Sidecar, source_of
@@ -68,10 +69,12 @@ class PredictionWriter(BasePredictionWriter):
         self._probabilities: list[torch.Tensor] = []
         self._classes: list[torch.Tensor] = []
         self._known: list[torch.Tensor] = []
+        self._scores: list[torch.Tensor] = []  # the unknown scores, for the `reason` column
 
     @override
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._positions, self._probabilities, self._classes, self._known = [], [], [], []
+        self._scores = []
         self.calibration = Calibration()
         if not is_multilabel(pl_module):
             found = self._export_sidecar(trainer)
@@ -95,14 +98,20 @@ class PredictionWriter(BasePredictionWriter):
                 )
             return Sidecar.load(Path(self.sidecar))  # every value checked, the key named
         found = export_of(trainer.ckpt_path)
+        if not trainer.is_global_zero:
+            return found
         if found is None:
-            if trainer.is_global_zero:
-                print(
-                    f"No export of '{trainer.ckpt_path}' beside it: probabilities are the plain softmax "
-                    "and no image is `unknown`. Export it first (python -m project export --ckpt_path ...) "
-                    "or pass --predictions.sidecar=PATH.json."
-                )
-            return None
+            print(
+                no_export_message(trainer.ckpt_path)
+                if trainer.ckpt_path
+                else "No --ckpt_path, so no export to calibrate with: probabilities are the plain softmax "
+                "and no image is `unknown`."
+            )
+        elif Path(found.source_checkpoint or "").resolve() != Path(trainer.ckpt_path).resolve():
+            print(
+                f"Calibrated with the export of '{found.source_checkpoint}': its weights are those of "
+                f"'{trainer.ckpt_path}'."
+            )
         return found
 
     @override
@@ -122,14 +131,17 @@ class PredictionWriter(BasePredictionWriter):
         if is_multilabel(pl_module):  # every label's probability, in label order
             probabilities, classes = logits.sigmoid(), torch.empty(len(logits), 0, dtype=torch.long)
             known = torch.ones(len(logits), dtype=torch.bool)
+            scores = torch.zeros(len(logits), dtype=torch.double)
         else:
             calibrated = torch.from_numpy(self.calibration.probabilities(logits.numpy()))
             probabilities, classes = calibrated.topk(self._k(pl_module), dim=1)
             known = torch.from_numpy(self.calibration.known(logits.numpy()))
+            scores = torch.from_numpy(self.calibration.scores(logits.numpy()))
         self._positions.append(batch[1].detach().cpu())
         self._probabilities.append(probabilities.double())
         self._classes.append(classes)
         self._known.append(known)
+        self._scores.append(scores)
         if self._explainer is not None:
             dataset = trainer.predict_dataloaders.dataset
             names = [_relative(dataset.files[i], dataset.root) for i in batch[1].tolist()]
@@ -143,7 +155,9 @@ class PredictionWriter(BasePredictionWriter):
         probabilities = _gather(trainer, pl_module, _cat(self._probabilities, (0, width), torch.double))
         classes = _gather(trainer, pl_module, _cat(self._classes, (0, 0 if multilabel else width)))
         known = _gather(trainer, pl_module, _cat(self._known, (0,), torch.bool))
+        scores = _gather(trainer, pl_module, _cat(self._scores, (0,), torch.double))
         self._positions, self._probabilities, self._classes, self._known = [], [], [], []
+        self._scores = []
         if not trainer.is_global_zero:
             return
         # each image once, in the order of the file list: np.unique sorts and finds first occurrences
@@ -153,6 +167,7 @@ class PredictionWriter(BasePredictionWriter):
             probabilities[order].tolist(),
             classes[order].tolist(),
             known[order].tolist(),
+            scores[order].tolist(),
             strict=True,
         )
         self.output.parent.mkdir(parents=True, exist_ok=True)
@@ -165,27 +180,50 @@ class PredictionWriter(BasePredictionWriter):
         names = label_names(pl_module)
         if is_multilabel(pl_module):
             writer.writerow(prediction_csv.multilabel_header(names))
-            for i, probs, _, _ in rows:
+            for i, probs, *_ in rows:
                 file = _relative(dataset.files[i], dataset.root)
                 writer.writerow(prediction_csv.multilabel_row(file, names, probs, pl_module.threshold))
             return
         writer.writerow(prediction_csv.header(self._k(pl_module)))
-        for i, top_p, top_c, known in rows:
+        for i, top_p, top_c, known, score in rows:
             file = _relative(dataset.files[i], dataset.root)
             top = [names[c] for c in top_c]
-            writer.writerow(prediction_csv.row(file, top, top_p, None if known else UNKNOWN))
+            if known:
+                writer.writerow(prediction_csv.row(file, top, top_p))
+            else:
+                writer.writerow(prediction_csv.row(file, top, top_p, UNKNOWN, self.calibration.reason(score)))
 
     def _k(self, pl_module: L.LightningModule) -> int:
         return min(self.top_k, len(label_names(pl_module)))
 
 
 def export_of(ckpt_path: str | os.PathLike | None) -> Sidecar | None:
-    """The sidecar of the newest float export of `ckpt_path` in its folder, or None."""
+    """The sidecar of the newest float export of `ckpt_path` in its folder, or None.
+
+    An export of another checkpoint there whose model weights are `ckpt_path`'s counts too:
+    right after a fit whose last epoch was its best, `last.ckpt` holds the weights the run
+    exported from its best checkpoint (the two files differ only in their training state).
+    """
     if not ckpt_path:
         return None
     ckpt = Path(ckpt_path).resolve()
-    newest: tuple[float, dict, Path] | None = None
-    for path in ckpt.parent.glob("*.json"):
+    exports = float_exports(ckpt.parent)
+    mine = [e for e in exports if e[2] == ckpt]
+    if not mine:
+        others = [e for e in exports if e[2] != ckpt and e[2].is_file()]
+        weights = _weights(ckpt) if others else None
+        mine = [e for e in others if weights is not None and _equal(_weights(e[2]), weights)][:1]
+    if not mine:
+        return None
+    path, meta, _ = mine[0]
+    return Sidecar.from_dict(meta, path)  # found by its checkpoint; every value checked here
+
+
+def float_exports(folder: Path) -> list[tuple[Path, dict, Path]]:
+    """(sidecar, its JSON object, its source checkpoint resolved) of each float export in `folder`,
+    newest first; `latest.json` links and int8 exports are left out."""
+    found: list[tuple[float, Path, dict, Path]] = []
+    for path in folder.glob("*.json"):
         if path.is_symlink() or path.stem.endswith("-int8"):
             continue
         try:
@@ -193,13 +231,42 @@ def export_of(ckpt_path: str | os.PathLike | None) -> Sidecar | None:
         except (ValueError, OSError):
             continue  # not a sidecar
         source = source_of(meta)
-        if source is None or Path(source).resolve() != ckpt:
-            continue  # not a sidecar, or another checkpoint's
-        if newest is None or path.stat().st_mtime > newest[0]:
-            newest = (path.stat().st_mtime, meta, path)
-    if newest is None:
+        if source is not None:
+            found.append((path.stat().st_mtime, path, meta, Path(source).resolve()))
+    found.sort(key=lambda item: item[0], reverse=True)
+    return [(path, meta, source) for _, path, meta, source in found]
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor] | None:
+    """The model weights a checkpoint file holds; None when it cannot be read as one."""
+    try:
+        weights = load_checkpoint_file(ckpt).get("state_dict")
+    except UserError:  # unreadable or refused: not the same weights, and predict says why elsewhere
         return None
-    return Sidecar.from_dict(newest[1], newest[2])  # found by its checkpoint path; every value checked here
+    return weights if isinstance(weights, dict) else None
+
+
+def _equal(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor]) -> bool:
+    return a is not None and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def no_export_message(ckpt_path: str | os.PathLike) -> str:
+    """What predict says when `ckpt_path` has no export: which file to pass instead."""
+    ckpt = Path(ckpt_path).resolve()
+    plain = "probabilities are the plain softmax and no image is `unknown`"
+    others = [e for e in float_exports(ckpt.parent) if e[2].is_file()]
+    if not others:
+        return (
+            f"No export of '{ckpt_path}' beside it: {plain}. Export it first (python -m project export "
+            f"--ckpt_path {ckpt_path}) or pass --predictions.sidecar=PATH.json."
+        )
+    sidecar, _, source = others[0]
+    return (
+        f"No export of '{ckpt_path}' beside it: {plain}. The run's export '{sidecar}' is of "
+        f"'{source}', whose weights differ. Pass --ckpt_path={source} to predict with the exported "
+        f"model and its calibration, or export this checkpoint first (python -m project export "
+        f"--ckpt_path {ckpt_path})."
+    )
 
 
 def _check_classes(found: Sidecar, sidecar: str | None, names: list[str]) -> None:

@@ -11,6 +11,10 @@ module with the values `export` wrote into the sidecar, so the three agree to fl
   probabilities are still reported). The threshold accepts the share `unknown_accept` of the
   validation images; `unknown_quantiles` (the validation scores at shares 0, 1, ..., 100 %) let
   a command choose another share without the data.
+
+`Calibration.reason` says in one sentence why an image is `unknown` (its score against the threshold
+and the share of validation images the threshold accepts): every output carries it, so that a
+high probability answered `unknown` does not read as a bug.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class Calibration:
     temperature: float = 1.0
     score_name: str = "energy"
     threshold: float | None = None  # None: no image is answered unknown
+    accept: float | None = None  # the share of validation images the threshold accepts, when known
 
     @classmethod
     def from_sidecar(cls, meta: Mapping, accept: float | None = None) -> Calibration:
@@ -70,7 +75,11 @@ class Calibration:
         table = meta.get("unknown_quantiles")
         if accept is not None:
             threshold = threshold_for(table, accept) if accept > 0 and table else None
-        return cls(temperature, name, None if threshold is None else float(threshold))
+        else:
+            accept = meta.get("unknown_accept")
+        if threshold is None:
+            return cls(temperature, name)
+        return cls(temperature, name, float(threshold), None if accept is None else float(accept))
 
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         return softmax(logits, self.temperature)
@@ -83,3 +92,15 @@ class Calibration:
         if self.threshold is None:
             return np.ones(len(logits), dtype=bool)
         return self.scores(logits) >= self.threshold
+
+    def reason(self, score: float) -> str:
+        """Why an image whose unknown score is `score` is answered `unknown`; "" when it is not."""
+        if self.threshold is None or score >= self.threshold:
+            return ""
+        said = f"{self.score_name} score {score:.4f} is below"
+        if self.accept is None:
+            return f"{said} the export's threshold {self.threshold:.4f}"
+        return (
+            f"{said} the threshold {self.threshold:.4f}, which accepts {self.accept:.0%} "
+            "of the validation images"
+        )

@@ -31,6 +31,7 @@ class Answer(NamedTuple):
     probabilities: list[float]
     unknown: bool = False
     score: float | None = None  # the unknown score, when the export has a threshold
+    reason: str = ""  # why it is `unknown` (Calibration.reason); "" when it is not
 
     @property
     def class_name(self) -> str:
@@ -166,7 +167,8 @@ class Classifier:
             unknown, scores = self.unknown(logits)
             for i, (path, p) in enumerate(zip(chunk, self.probabilities_of(logits), strict=True)):
                 score = None if scores is None else float(scores[i])
-                yield Answer(path, *self.top(p, top_k), bool(unknown[i]), score)
+                reason = "" if score is None else self.calibration.reason(score)
+                yield Answer(path, *self.top(p, top_k), bool(unknown[i]), score, reason)
 
 
 def open_session(model: Path, threads: int | None = None) -> object:

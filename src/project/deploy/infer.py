@@ -10,8 +10,8 @@ by training's rule (`project.data.decode`), the resize and centre crop match val
 decoded is named on stderr with its reason, the others are still classified, and the exit status
 is then 1. Probabilities are calibrated with the export's temperature, and an image whose
 unknown score is below the export's threshold is answered `unknown` (its class probabilities
-still listed), both by `project.deploy.calibration` as `predict` and `serve` do. Importing this module
-imports neither torch nor lightning.
+still listed, and the `reason` column saying why), both by `project.deploy.calibration` as
+`predict` and `serve` do. Importing this module imports neither torch nor lightning.
 """
 
 from __future__ import annotations
@@ -105,8 +105,7 @@ def _print_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
         sys.stdout.reconfigure(errors=prediction_csv.ERRORS)
     for answer in classifier.classify(files, top_k, on_bad=skip):
         pairs = zip(answer.names, answer.probabilities, strict=True)
-        score = classifier.calibration.score_name
-        unknown = f"{UNKNOWN} ({score} {answer.score:.4f})\t" if answer.unknown else ""
+        unknown = f"{UNKNOWN} ({answer.reason})\t" if answer.unknown else ""
         line = f"{answer.path}\t{unknown}" + "\t".join(f"{n} {p:.4f}" for n, p in pairs)
         # on a terminal, names are escaped (as ls does); a pipe gets every name's exact bytes
         print("\t".join(map(printable, line.split("\t"))) if tty else line)
@@ -133,5 +132,11 @@ def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
         else:
             writer.writerow(prediction_csv.header(min(top_k, len(names))))
             for answer in classifier.classify(files, top_k, on_bad=skip):
-                cells = (str(answer.path), answer.names, answer.probabilities, answer.class_name)
+                cells = (
+                    str(answer.path),
+                    answer.names,
+                    answer.probabilities,
+                    answer.class_name,
+                    answer.reason,
+                )
                 writer.writerow(prediction_csv.row(*cells))

@@ -1,7 +1,9 @@
-"""The predictions CSV of `predict` and of the torch-free `infer`: file, class_name, probability, top-k.
+"""The predictions CSV of `predict` and of the torch-free `infer`: file, class_name, probability, top-k, why.
 
 class_name is `unknown` for an image below the export's unknown threshold (`project.deploy.calibration`);
-probability and the top-k columns still give its most probable classes.
+probability and the top-k columns still give its most probable classes, and `reason` says why (its
+score against the threshold, and the share of validation images the threshold accepts); `reason`
+is empty for an image answered with a class.
 
 Multi-label models write `file, labels, probability_<label>...` instead: the predicted labels
 (separated by spaces) and every label's sigmoid probability.
@@ -37,7 +39,7 @@ def header(k: int) -> list[str]:
     columns = ["file", "class_name", "probability"]
     for rank in range(1, k + 1):
         columns += [f"top{rank}_class", f"top{rank}_probability"]
-    return columns
+    return [*columns, "reason"]
 
 
 def multilabel_header(names: Sequence[str]) -> list[str]:
@@ -54,13 +56,18 @@ def multilabel_row(
 
 
 def row(
-    file: str, names: Sequence[str], probabilities: Sequence[float], class_name: str | None = None
+    file: str,
+    names: Sequence[str],
+    probabilities: Sequence[float],
+    class_name: str | None = None,
+    reason: str = "",
 ) -> list[str]:
     """One image's row; `names` and `probabilities` are its top-k classes, most likely first.
 
-    `class_name` is the answer when it is not the top class (`unknown`: below the export's threshold).
+    `class_name` is the answer when it is not the top class (`unknown`: below the export's threshold),
+    and `reason` says why (`Calibration.reason`).
     """
     cells = [spreadsheet_cell(file), spreadsheet_cell(class_name or names[0]), f"{probabilities[0]:.6f}"]
     for name, probability in zip(names, probabilities, strict=True):
         cells += [spreadsheet_cell(name), f"{probability:.6f}"]
-    return cells
+    return [*cells, reason]

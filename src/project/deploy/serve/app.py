@@ -1,4 +1,5 @@
-"""The HTTP side of the service: POST /predict, POST /reload, GET /health, /metadata and /metrics.
+"""The HTTP side of the service: POST /predict, POST /reload, GET /health, /metadata, /metrics, and
+the page at GET / (page.py).
 
 Each route is a short function that reads its request, asks the service (service.py, which knows
 no HTTP) and answers; `ROUTES` and `HANDLERS` register them all in one place, and `create_app`
@@ -17,11 +18,11 @@ from functools import partial
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from project.deploy.serve import bodies
+from project.deploy.serve import bodies, page
 from project.deploy.serve.bodies import RequestError
 from project.deploy.serve.models import ModelSlot
 from project.deploy.serve.sampler import Sampler
@@ -102,6 +103,11 @@ async def reload_route(request: Request) -> dict:
     return await service.reload()
 
 
+async def try_page() -> HTMLResponse:
+    """A person's way to try the model: the page drops an image on /predict (page.py)."""
+    return HTMLResponse(page.HTML, headers=page.HEADERS)
+
+
 async def health(request: Request) -> dict:
     return service_of(request).health()
 
@@ -117,6 +123,7 @@ async def metrics(request: Request) -> dict:
 ROUTES = (  # (method, path, route): every route of the service
     ("POST", "/predict", predict),
     ("POST", "/reload", reload_route),
+    ("GET", "/", try_page),
     ("GET", "/health", health),
     ("GET", "/metadata", metadata_route),
     ("GET", "/metrics", metrics),

@@ -67,6 +67,8 @@ def answer(model: LoadedModel, logits: np.ndarray, top_k: int, batch_size: int) 
                 "score": calibration.score_name,
                 "value": float(scores[0]),
                 "threshold": calibration.threshold,
+                "accept": calibration.accept,
+                "reason": calibration.reason(float(scores[0])) or None,  # why it is `unknown`
             }
     if model.classifier.multilabel:  # every label at or above the export's threshold, not only the top k
         threshold = model.classifier.threshold
