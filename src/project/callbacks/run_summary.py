@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import BatchSizeFinder, Callback, LearningRateFinder, ModelCheckpoint
 from typing_extensions import override
 
 from project.callbacks.export import ExportBest
@@ -33,7 +33,8 @@ class RunSummary(Callback):
             self._print(trainer, f"stopped (exit status {exception.code})")
 
     def _print(self, trainer: L.Trainer, how: str) -> None:
-        if not trainer.is_global_zero or trainer.fast_dev_run:
+        tuning = any(isinstance(c, BatchSizeFinder | LearningRateFinder) for c in trainer.callbacks)
+        if not trainer.is_global_zero or trainer.fast_dev_run or tuning:  # lr_find runs a fit of its own
             return
         print(summary(trainer, how), file=sys.stdout, flush=True)
 
