@@ -113,14 +113,15 @@ def test_conftest_holds_only_fixtures() -> None:
 
 
 def test_every_callback_is_registered_in_the_one_table() -> None:
-    """Each callback of project.callbacks is a row of cli.CALLBACKS (with flags) or cli.BUILT_IN, and no
-    config lists one of them in trainer.callbacks (that list is for a run's extras only)."""
+    """Each callback of project.callbacks is a row of cli.CALLBACKS (with flags), cli.BUILT_IN or
+    cli.CONSOLE, and no config lists one of them in trainer.callbacks (that list is for a run's extras
+    only)."""
     import yaml
     from lightning.pytorch import Callback
 
     from project import callbacks, cli
 
-    registered = {c for c, _ in cli.CALLBACKS.values()} | set(cli.BUILT_IN)
+    registered = {c for c, _ in cli.CALLBACKS.values()} | set(cli.BUILT_IN) | set(cli.CONSOLE)
     # AtomicSaveConfig: LightningCLI's save_config_callback, which the CLI itself adds
     extras = {"AtomicSaveConfig"}
     ours = {

@@ -75,7 +75,9 @@ def test_bad_image_stops_or_is_skipped(shapes_root: Path, tmp_path: Path) -> Non
     assert len(images) == 24
 
 
-def test_embedded_data_is_generated_on_first_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_embedded_data_is_generated_on_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     import project.data.datamodule as datamodule
     from project.data import shapes
 
@@ -89,3 +91,10 @@ def test_embedded_data_is_generated_on_first_use(tmp_path: Path, monkeypatch: py
     dm = datamodule.ImageDataModule(root=None)
     assert dm.num_classes == 6 and made == [tmp_path / "data" / "shapes"]
     assert len(list((tmp_path / "data" / "shapes" / "train").rglob("*.jpg"))) == 12
+    root = tmp_path / "data" / "shapes"
+    assert capsys.readouterr().out == (
+        "Generating the embedded shapes data set (6 classes, 4,800 train and 600 val images) "
+        f"in {root}/ (once; later runs reuse it).\n"
+    )
+    datamodule.ImageDataModule(root=None)  # reused: nothing said
+    assert capsys.readouterr().out == ""

@@ -62,6 +62,7 @@ def test_bad_files_are_named_and_the_good_ones_answered(model: Path, mixed: Path
         rows = list(csv.DictReader(f))
     answered = [(Path(r["file"]).name, r["class_name"]) for r in rows]
     assert answered == [("a-red.png", "red"), ("e-blue.jpg", "blue")]
+    assert result.stdout.decode() == f"Wrote 2 rows (one per image answered) to {output}\n"
     errors = result.stderr.decode().splitlines()
     assert "Traceback" not in result.stderr.decode()
     named = [line for line in errors if line.startswith("error: cannot classify")]

@@ -59,6 +59,10 @@ def test_signal_stops_after_the_batch_with_a_resumable_checkpoint(
     assert proc.returncode == 128 + signum, output
     assert f"Received {signum.name}: stopping after this batch" in output
     assert f"Resume with:\n  python -m project fit --name {name} --ckpt_path last" in output
+    # the closing block, after the checkpoint was saved: where the run is and how to go on
+    block = output[output.index(f"Run '{name}' stopped (exit status {128 + signum})") :]
+    assert f"  last:         checkpoints/{name}/last.ckpt\n" in block
+    assert f"  python -m project fit --name {name} --ckpt_path last   # resume" in block
     assert "Traceback" not in output
     saved = torch.load(run / "last.ckpt", weights_only=True)
     assert saved["global_step"] >= 3  # at least epoch 0's three steps

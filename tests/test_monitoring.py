@@ -31,11 +31,18 @@ pytestmark = pytest.mark.slow  # every test here trains or starts a server
 RUN = "monitored"
 
 
+class Terminal(io.StringIO):
+    """Captured output that says it is a terminal: fit shows its progress bar there (a file gets lines)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> tuple[Path, str]:
-    """A 2-epoch fit with the progress bar on: the work folder and what the bar printed."""
+    """A 2-epoch fit with the progress bar on (as on a terminal): the work folder and what the bar printed."""
     work = tmp_path_factory.mktemp("work")
-    stdout = io.StringIO()
+    stdout = Terminal()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout):
         patch.chdir(work)
         args = fast_args(shapes_root, f"--name={RUN}", "--trainer.max_epochs=2")

@@ -55,9 +55,12 @@ def predict(
         return list(csv.DictReader(f))
 
 
-def test_an_image_visited_twice_is_written_once_in_file_order(tmp_path: Path) -> None:
+def test_an_image_visited_twice_is_written_once_in_file_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     # a distributed sampler pads the last rank's share with images another rank already has
     rows = predict(tmp_path, [b"a.png", b"b.png", b"c.png"], [2, 0, 1, 0, 2], tmp_path / "p.csv")
+    assert f"Wrote 3 rows (one per image) to {tmp_path / 'p.csv'}\n" in capsys.readouterr().out
     assert [(r["file"], r["class_name"], r["top1_class"]) for r in rows] == [
         ("a.png", "red", "red"),
         ("b.png", "green", "green"),

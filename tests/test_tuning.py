@@ -36,6 +36,7 @@ def test_lr_find_prints_the_flag_and_writes_the_plot(
     assert fit.startswith("Use it: python -m project fit --data.root=")
     assert fit.endswith(f"--model.optimizer.init_args.lr={lr:.2g}")
     assert "--name" not in fit and "--num_training" not in fit  # the finder's own options are not fit's
+    assert "Run 'probe'" not in out and "Next:" not in out  # the finder's fit has no run to sum up
     png = workdir / "logs" / "probe" / "lr_find.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert temporary_checkpoints(workdir) == []

@@ -19,6 +19,7 @@ from project.callbacks import (
     CheckpointPaths,
     ConfusionMatrix,
     DataCheck,
+    EpochLines,
     ExportBest,
     GracefulStop,
     GradNormMonitor,
@@ -27,6 +28,8 @@ from project.callbacks import (
     NonFiniteGuard,
     PredictionWriter,
     RNGState,
+    RunSummary,
+    ScalarsLayout,
     Throughput,
     TrainingImages,
 )
@@ -36,6 +39,7 @@ from project.config_checks import check_cli_config
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError, exits_on_user_error
 from project.model import ImageClassifier
+from project.quiet import CompactModelSummary, quiet_lightning
 from project.runs import CHECKPOINTS, LOGS, debug_run_name, eval_run_name, fit_run_name, newest_run
 from project.trainer import Trainer
 
@@ -85,9 +89,13 @@ CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
     "throughput": (Throughput, {}),
     "hparams": (HParams, {}),
 }
-# Always on, without flags: the exact-resume RNG state, the clean stop on Ctrl-C/SIGTERM, and the
-# check of the file paths a resumed checkpoint's ModelCheckpoint state names.
-BUILT_IN: tuple[type[Callback], ...] = (RNGState, GracefulStop, CheckpointPaths)
+# Always on, without flags: the exact-resume RNG state, the clean stop on Ctrl-C/SIGTERM, the
+# check of the file paths a resumed checkpoint's ModelCheckpoint state names, TensorBoard's layout
+# (accuracy and loss first), and the block that ends a fit (after GracefulStop's, whose checkpoint it names).
+BUILT_IN: tuple[type[Callback], ...] = (RNGState, GracefulStop, CheckpointPaths, ScalarsLayout, RunSummary)
+# What the console shows, where the trainer's own flags leave it on (console_callbacks): the model summary
+# without a FLOPs column, and per-epoch lines instead of the progress bar when stdout is not a terminal.
+CONSOLE: tuple[type[Callback], ...] = (CompactModelSummary, EpochLines)
 
 
 class ProjectCLI(LightningCLI):
@@ -105,6 +113,7 @@ class ProjectCLI(LightningCLI):
         }
 
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
+        quiet_lightning()
         super().__init__(
             ImageClassifier,
             ImageDataModule,
@@ -121,7 +130,7 @@ class ProjectCLI(LightningCLI):
             },
             save_config_callback=AtomicSaveConfig,
             save_config_kwargs={"overwrite": True},
-            trainer_defaults={"callbacks": [callback() for callback in BUILT_IN]},
+            trainer_defaults={"callbacks": [callback() for callback in BUILT_IN]},  # + console_callbacks
             auto_configure_optimizers=False,
             **kwargs,
         )
@@ -187,6 +196,8 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         check_cli_config(config)
+        console = console_callbacks(self.subcommand, config)
+        self.trainer_defaults["callbacks"] = [*(callback() for callback in BUILT_IN), *console]
         if config.data.crop_ratio is None:  # the crop the backbone's pretrained weights were made with
             config.data.crop_ratio = preprocessing(config.model.backbone, config.model.weights)["crop_pct"]
         if self.subcommand in DRY:
@@ -231,6 +242,17 @@ class ProjectCLI(LightningCLI):
         if hasattr(logger, "init_args") and "name" in logger.init_args:
             logger.init_args.name = config.name
             logger.init_args.version = ""
+
+
+def console_callbacks(subcommand: str, config: Any) -> list[Callback]:
+    """CONSOLE's callbacks for this command, each only where the trainer's flag leaves it on
+    (Lightning refuses a progress bar callback with enable_progress_bar=false)."""
+    callbacks: list[Callback] = []
+    if config.trainer.enable_model_summary is not False:
+        callbacks.append(CompactModelSummary())
+    if subcommand == "fit" and config.trainer.enable_progress_bar is not False and not sys.stdout.isatty():
+        callbacks.append(EpochLines())
+    return callbacks
 
 
 def is_file(path: str | None) -> bool:

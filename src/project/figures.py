@@ -40,6 +40,9 @@ def to_rgb(figure: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
+MAX_GRID_WIDTH = 800  # pixels
+
+
 @plain_text()
 def image_grid(
     grid: np.ndarray,
@@ -53,8 +56,9 @@ def image_grid(
     """Caption the cells of a tiled image (torchvision's make_grid layout: square cells of `cell` pixels
     with `padding` pixels before each), one caption in the padding above each cell."""
     height, width = grid.shape[:2]
-    # small images (32 px) are shown larger so the captions stay readable; wide grids are shown smaller
-    scale = min(max(1.0, 96 / cell), 1600 / width)
+    # small images (32 px) are shown larger so the captions stay readable; a grid is at most 800 px wide,
+    # which TensorBoard's image card shows without shrinking it (and its 10-point captions) at default zoom
+    scale = min(max(1.0, 96 / cell), MAX_GRID_WIDTH / width)
     title_inches = 0.3 if title else 0.0
     figure = Figure(figsize=(width * scale / 100, height * scale / 100 + title_inches), dpi=100)
     ax = figure.add_axes((0, 0, 1, 1 - title_inches / figure.get_figheight()))
@@ -66,10 +70,10 @@ def image_grid(
         x, y = padding + column * step + cell / 2, padding + row * step - padding * 0.15
         color = colors[i] if colors else "black"
         ax.text(
-            x, y, printable_lines(caption), ha="center", va="bottom", fontsize=7, color=color, clip_on=True
+            x, y, printable_lines(caption), ha="center", va="bottom", fontsize=10, color=color, clip_on=True
         )
     if title:
-        figure.suptitle(title, fontsize=9, y=0.995, va="top")
+        figure.suptitle(title, fontsize=11, y=0.995, va="top")
     return to_rgb(figure)
 
 

@@ -4,6 +4,7 @@ from project.callbacks.checkpoint_paths import CheckpointPaths
 from project.callbacks.confusion_matrix import ConfusionMatrix
 from project.callbacks.data_check import DataCheck
 from project.callbacks.ema import EMA
+from project.callbacks.epoch_lines import EpochLines
 from project.callbacks.export import ExportBest
 from project.callbacks.graceful_stop import GracefulStop
 from project.callbacks.grad_norm import GradNormMonitor
@@ -12,6 +13,8 @@ from project.callbacks.misclassified import Misclassified
 from project.callbacks.non_finite import NonFiniteGuard
 from project.callbacks.prediction_writer import PredictionWriter
 from project.callbacks.rng_state import RNGState
+from project.callbacks.run_summary import RunSummary
+from project.callbacks.scalars_layout import ScalarsLayout
 from project.callbacks.throughput import Throughput
 from project.callbacks.training_images import TrainingImages
 
@@ -20,6 +23,7 @@ __all__ = [
     "CheckpointPaths",
     "ConfusionMatrix",
     "DataCheck",
+    "EpochLines",
     "ExportBest",
     "GracefulStop",
     "GradNormMonitor",
@@ -28,6 +32,8 @@ __all__ = [
     "NonFiniteGuard",
     "PredictionWriter",
     "RNGState",
+    "RunSummary",
+    "ScalarsLayout",
     "Throughput",
     "TrainingImages",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -27,6 +28,7 @@ class ExportBest(Callback):
         """
         self.enabled = enabled
         self.options = ExportOptions(**options)
+        self.exported: Path | None = None  # the .onnx written when fit ended (RunSummary prints it)
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -42,4 +44,4 @@ class ExportBest(Callback):
             datamodule=trainer.datamodule,
             **asdict(self.options),
         )
-        print(f"Exported the best checkpoint to {result.onnx} and {result.pt2}")
+        self.exported = result.onnx

@@ -29,6 +29,7 @@ from project.deploy.calibration import UNKNOWN, Calibration
 from project.deploy.sidecar import Sidecar, source_of
 from project.errors import UserError
 from project.model import is_multilabel, label_names
+from project.terminal import printable
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -173,7 +174,7 @@ class PredictionWriter(BasePredictionWriter):
         self.output.parent.mkdir(parents=True, exist_ok=True)
         with atomic_files(self.output) as [partial], prediction_csv.open_csv(partial) as f:
             self._write(csv.writer(f), trainer, pl_module, rows)
-        print(f"Predictions written to {self.output}")
+        print(f"Wrote {len(order)} rows (one per image) to {printable(str(self.output))}")
 
     def _write(self, writer: Any, trainer: L.Trainer, pl_module: L.LightningModule, rows: Any) -> None:
         dataset = trainer.predict_dataloaders.dataset

@@ -42,7 +42,7 @@ def captioned_grid(
     images: torch.Tensor,
     captions: Sequence[str],
     colors: Sequence[str] | None = None,
-    columns: int = 8,
+    columns: int = 6,  # 6 cells in 800 px leave each caption about 20 characters
     title: str = "",
 ) -> np.ndarray:
     """uint8 images [N, 3, H, W] tiled by make_grid, each with its caption above it."""

@@ -89,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.output is None:
         _print_rows(classifier, files, args.top_k, skip)
     else:
-        _write_csv(classifier, files, args.top_k, skip, Path(args.output))
+        rows = _write_csv(classifier, files, args.top_k, skip, Path(args.output))
+        print(f"Wrote {rows} rows (one per image answered) to {printable(args.output)}")
     if bad:  # the run happened: status 1 (some inputs failed), not 2 (nothing done, a mistake to fix)
         print(
             f"error: {len(bad)} of {len(files)} files could not be classified (each named above); "
@@ -111,13 +112,14 @@ def _print_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
         print("\t".join(map(printable, line.split("\t"))) if tty else line)
 
 
-def _write_csv(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, output: Path) -> None:
-    """The CSV of the files that could be classified, at `output` only once complete."""
+def _write_csv(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, output: Path) -> int:
+    """The CSV of the files that could be classified, at `output` only once complete; its row count."""
     with atomic_files(output) as [partial]:
-        _write_rows(classifier, files, top_k, skip, partial)
+        return _write_rows(classifier, files, top_k, skip, partial)
 
 
-def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, path: Path) -> None:
+def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Callable, path: Path) -> int:
+    rows = 0
     with prediction_csv.open_csv(path) as f:
         writer = csv.writer(f)
         names = classifier.class_names
@@ -129,6 +131,7 @@ def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
                 writer.writerow(
                     prediction_csv.multilabel_row(str(path), names, ordered, classifier.threshold)
                 )
+                rows += 1
         else:
             writer.writerow(prediction_csv.header(min(top_k, len(names))))
             for answer in classifier.classify(files, top_k, on_bad=skip):
@@ -140,3 +143,5 @@ def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
                     answer.reason,
                 )
                 writer.writerow(prediction_csv.row(*cells))
+                rows += 1
+    return rows
