@@ -24,6 +24,7 @@ COMMANDS = {
     "sweep": "project.sweep.command",
     "audit": "project.audit.command",
     "models": "project.models",
+    "optimize": "project.optimize",
 }
 
 

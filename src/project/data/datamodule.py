@@ -16,7 +16,14 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 # not exported by lightning.pytorch: an internal module, checked against lightning 2.6 (the pin is <2.7)
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.strategies import FSDPStrategy
-from torch.utils.data import DataLoader, Dataset, Sampler, WeightedRandomSampler, default_collate
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    Sampler,
+    WeightedRandomSampler,
+    default_collate,
+)
 from typing_extensions import override
 
 from project.config_checks import fraction, positive_int, require
@@ -35,6 +42,7 @@ from project.data.index import HoldOut, ImageIndex, Splits, hold_out, list_image
 from project.data.labels_csv import csv_splits
 from project.data.multishapes import generate_multishapes
 from project.data.shapes import generate_shapes
+from project.data.shards import has_index, join, litdata, read_index
 from project.data.skipped import SkipLog
 from project.data.transforms import AutoAugment, BatchMix, eval_transform, train_transform
 from project.errors import UserError
@@ -91,6 +99,20 @@ def check_data_options(
         require(0 <= num_workers <= most, "data.num_workers", num_workers, expected)
     if prefetch_factor is not None:
         positive_int("data.prefetch_factor", prefetch_factor)
+
+
+def check_shard_options(cache: bool | str, balance: str) -> None:
+    """Options that need the whole split in this process's hands: not for streamed shards."""
+    if cache is True:
+        raise UserError(
+            "--data.cache=true: shards are streamed, not decoded into memory up front.",
+            "remove --data.cache (LitData keeps the chunks it reads on local disk).",
+        )
+    if balance == "sampler":
+        raise UserError(
+            "--data.balance=sampler draws images by index, which streamed shards do not allow.",
+            "use --data.balance=loss (class weights from the counts in the shard index).",
+        )
 
 
 def check_recipe_options(
@@ -208,6 +230,12 @@ class ImageDataModule(L.LightningDataModule):
         else:
             self.root = Path(root) if root is not None else EMBEDDED_ROOT
         self.embedded = root is None and labels_csv is None
+        # shards made by `optimize` (data/shards.py): a folder with shards.json, or an s3:// URL
+        self.shards: str | None = (
+            str(root) if root is not None and labels_csv is None and has_index(root) else None
+        )
+        if self.shards is not None:
+            check_shard_options(cache, balance)
         self.val_split = val_split
         self.split_seed = split_seed
         self.expected_num_classes = num_classes
@@ -246,6 +274,13 @@ class ImageDataModule(L.LightningDataModule):
         """The splits as the data format stores them, `hold` giving one without val its split; the demo
         data sets are generated on first use. Each data format is one function returning the splits
         (docs/new-task.md, "Another data format")."""
+        if self.shards is not None:
+            source = self.shard_index.get("source", "the image folder they were made from")
+            raise UserError(
+                f"--data.root '{self.shards}' holds shards: fit, validate and test read them, this command "
+                "reads image files (folders or a labels CSV).",
+                f"point --data.root at the images the shards were made from ({source}).",
+            )
         if self.embedded:
             generate_shapes(self.root)
         if self.labels_csv == EMBEDDED_MULTILABEL_CSV:
@@ -270,18 +305,31 @@ class ImageDataModule(L.LightningDataModule):
                 "or fix the folders.",
             )
 
+    @cached_property
+    def shard_index(self) -> dict[str, Any]:
+        """The shards' shards.json (class names, counts per split, task), read once."""
+        if self.shards is None:
+            raise ValueError("not shards")
+        index = read_index(self.shards)
+        self._check_num_classes(tuple(index["class_names"]))
+        return index
+
     @property
     def class_names(self) -> list[str]:
+        if self.shards is not None:
+            return list(self.shard_index["class_names"])
         return list(self.splits["train"].class_names)
 
     @property
     def task(self) -> str:
         """multiclass (one class folder per image) or multilabel (labels from a CSV); linked to the model."""
+        if self.shards is not None:
+            return str(self.shard_index["task"])
         return "multilabel" if self.labels_csv is not None else "multiclass"
 
     @property
     def num_classes(self) -> int:
-        return len(self.splits["train"].class_names)
+        return len(self.class_names)
 
     @property
     def class_weights(self) -> list[float] | None:
@@ -289,7 +337,13 @@ class ImageDataModule(L.LightningDataModule):
         so that every class weighs as much in total (sklearn's "balanced"); linked to the model."""
         if self.balance != "loss":
             return None
-        counts = np.maximum(np.bincount(self.splits["train"].labels, minlength=self.num_classes), 1)
+        if self.shards is not None:
+            counts = np.array(
+                [self.shard_index["splits"]["train"]["class_counts"][n] for n in self.class_names]
+            )
+        else:
+            counts = np.bincount(self.splits["train"].labels, minlength=self.num_classes)
+        counts = np.maximum(counts, 1)
         return (counts.sum() / (len(counts) * counts)).tolist()
 
     # ---- Lightning hooks ----
@@ -298,6 +352,9 @@ class ImageDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.skip_bad_images and self.trainer is not None and self.trainer.log_dir is not None:
             self.skip_log = SkipLog(Path(self.trainer.log_dir))
+        if self.shards is not None:
+            self._setup_shards(stage)
+            return
         if stage == "fit":
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 self.batch_mix = BatchMix(self.mixup_alpha, self.cutmix_alpha, self.num_classes)
@@ -313,6 +370,33 @@ class ImageDataModule(L.LightningDataModule):
                 )
             self.datasets["test"] = self._labelled(
                 "test" if "test" in self.splits else "val", self.eval_transform
+            )
+        elif stage == "predict":
+            self.datasets["predict"] = self._predict_dataset()
+
+    def _setup_shards(self, stage: str) -> None:
+        """The shards' splits as streaming data sets, with the same transforms as image files."""
+        self._check_model_classes()
+        litdata()  # installed, or one line saying how
+        from project.data.streaming import ShardDataset
+
+        splits = self.shard_index["splits"]
+        if stage == "fit":
+            if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
+                self.batch_mix = BatchMix(self.mixup_alpha, self.cutmix_alpha, self.num_classes)
+            seed = self.split_seed
+            self.datasets["train"] = ShardDataset(
+                join(self.shards, "train"), self.train_transform, True, seed
+            )
+            self.datasets["val"] = ShardDataset(join(self.shards, "val"), self.eval_transform, False)
+        elif stage in ("validate", "test"):
+            split = "test" if stage == "test" and "test" in splits else "val"
+            if stage == "test" and split == "val":
+                warnings.warn(
+                    f"'{self.shards}' has no test split: testing on the validation split.", stacklevel=2
+                )
+            self.datasets[stage if stage == "test" else "val"] = ShardDataset(
+                join(self.shards, split), self.eval_transform, False
             )
         elif stage == "predict":
             self.datasets["predict"] = self._predict_dataset()
@@ -447,6 +531,20 @@ class ImageDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset, train: bool = False) -> DataLoader:
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        if isinstance(dataset, IterableDataset):  # the shards (predict reads files)
+            from litdata import StreamingDataLoader
+
+            # LitData's loader: it shards by rank and worker itself and has a state_dict, which Lightning
+            # saves in the checkpoint and restores on --ckpt_path (resuming mid-epoch)
+            return StreamingDataLoader(
+                dataset,
+                batch_size=self.batch_size,
+                num_workers=self.num_workers,
+                pin_memory=on_gpu,
+                drop_last=train,
+                prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
+                collate_fn=self._collate(dataset),
+            )
         sampler = self._balanced_sampler(dataset) if train and self.balance == "sampler" else None
         if (
             not train

@@ -1,0 +1,52 @@
+"""ShardDataset: a split of shards (data/shards.py) streamed by LitData, with the template's transforms.
+
+Imported only when shards are used: litdata is an optional install (the `shards` extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from litdata import StreamingDataset
+from typing_extensions import override
+
+from project.data.decode import decode_chw
+
+
+class ShardDataset(StreamingDataset):
+    """(image, label) pairs of one split of shards, decoded from the stored bytes and transformed.
+
+    LitData shards by rank and worker, shuffles across chunks (per epoch, from `seed`) and keeps its
+    position in `state_dict`, which StreamingDataLoader saves in the checkpoint.
+
+    Args:
+        url: The split's folder or s3:// URL (LitData's index.json and chunks).
+        transform: uint8 [3, H, W] to the model's input, as for image files.
+        shuffle: Shuffle (training) or read in order (evaluation).
+        seed: The shuffle's seed.
+        with_ids: Return (image, label, id) with the sample's position in its split (tests, debugging).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        transform: Callable[[torch.Tensor], torch.Tensor],
+        shuffle: bool,
+        seed: int = 42,
+        with_ids: bool = False,
+    ) -> None:
+        super().__init__(url, shuffle=shuffle, seed=seed, drop_last=False)
+        # not `transform`: StreamingDataset applies its own `self.transform` to the stored dict
+        self.image_transform = transform
+        self.with_ids = with_ids
+
+    @override
+    def __getitem__(self, index: Any) -> tuple[Any, ...]:
+        sample = super().__getitem__(index)
+        image = self.image_transform(decode_chw(bytes(sample["image"]), f"shard sample {sample['id']}"))
+        label = sample["label"]
+        label = torch.from_numpy(np.asarray(label, dtype=np.uint8)) if np.ndim(label) else int(label)
+        return (image, label, int(sample["id"])) if self.with_ids else (image, label)

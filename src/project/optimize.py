@@ -1,0 +1,121 @@
+"""`python -m project optimize`: any image layout fit reads, as LitData shards per split (data/shards.py).
+
+The splits are the data module's own (folders, --data.val_split, --data.labels_csv), so the shards hold
+exactly the images and labels fit would train on. The files' bytes are stored as they are (no
+re-encode); `--max_side` stores larger images downscaled. The source is only read; an output that is
+not empty is refused (a second run never mixes with the first).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import ArgumentParser
+from PIL import Image
+
+from project.config_checks import positive_int
+from project.data import shards
+from project.data.datamodule import ImageDataModule, default_num_workers
+from project.data.decode import read_file
+from project.errors import UserError, exits_on_user_error
+
+CHUNK_BYTES = "64MB"  # LitData's advice for streaming from object storage: tens of MB per request
+
+
+class Sample:
+    """The `fn` of litdata.optimize: one image file to its shard sample (a class: workers pickle it).
+
+    Args:
+        root: The folder the split's paths are relative to.
+        max_side: Downscale images whose longer side exceeds it (re-encoded); None: bytes as they are.
+    """
+
+    def __init__(self, root: Path, max_side: int | None) -> None:
+        self.root = root
+        self.max_side = max_side
+
+    def __call__(self, item: tuple[str, Any, int]) -> dict[str, Any]:
+        path, label, sample_id = item
+        data = read_file(self.root / path)
+        if self.max_side is not None:
+            data = downscaled(data, self.max_side)
+        return {"image": data, "label": label, "id": sample_id}
+
+
+def downscaled(data: bytes, max_side: int) -> bytes:
+    """The image with its longer side at most `max_side`: JPEG (quality 95) stays JPEG, others PNG."""
+    with Image.open(io.BytesIO(data)) as image:
+        if max(image.size) <= max_side:
+            return data
+        fmt = "JPEG" if image.format == "JPEG" else "PNG"
+        image.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale when it can
+        small = image.convert("RGB")
+        small.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+        out = io.BytesIO()
+        small.save(out, fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+        return out.getvalue()
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="python -m project optimize",
+        description="Write the data set as LitData shards per split (local folder or s3://) for "
+        "`fit --data.root=OUT`: for data too many files or too remote for a folder loader.",
+    )
+    p.add_class_arguments(ImageDataModule, "data", skip={"predict_dir"})
+    p.add_argument("--output", type=str, required=True, help="Folder or s3://bucket/prefix; must be empty.")
+    p.add_argument("--max_side", type=int | None, default=None, help="Downscale longer sides above this.")
+    p.add_argument("--workers", type=int | None, default=None, help="Processes; default one per core.")
+    return p
+
+
+@exits_on_user_error
+def main(argv: list[str]) -> None:
+    args = parser().parse_args(argv)
+    if args.max_side is not None:
+        positive_int("max_side", args.max_side)
+    workers = args.workers if args.workers is not None else default_num_workers()
+    positive_int("workers", workers)
+    out = str(args.output)
+    data = ImageDataModule(**args.data.as_dict())
+    if shards.has_index(data.root) and not data.embedded:
+        raise UserError(f"'{data.root}' holds shards already.", "optimize a folder of images.")
+    if not shards.output_is_empty(out):
+        raise UserError(
+            f"--output '{out}' is not empty (shards of an earlier run, or other files).",
+            "give a new folder or prefix (e.g. with a version suffix), or delete the old one first.",
+        )
+    splits = data.splits  # the data module's layouts, checks and split rules
+    summary: dict[str, Any] = {}
+    for name, index in splits.items():
+        labels = index.labels
+        items = [
+            (index.paths[i].decode(), labels[i] if labels.ndim == 2 else int(labels[i]), i)
+            for i in range(len(index))
+        ]
+        print(f"{name}: {len(items)} images -> {shards.join(out, name)}", flush=True)
+        shards.litdata().optimize(
+            fn=Sample(index.root, args.max_side),
+            inputs=items,
+            output_dir=shards.join(out, name),
+            chunk_bytes=CHUNK_BYTES,
+            num_workers=min(workers, len(items)),
+            reorder_files=False,  # the ids stay the positions in the split
+            start_method="fork",
+        )
+        summary[name] = {"count": len(index), "class_counts": index.class_counts()}
+    shards.write_index(
+        out,
+        {
+            "format": shards.FORMAT,
+            "task": data.task,
+            "class_names": list(splits["train"].class_names),
+            "splits": summary,
+            "source": str(data.root.resolve()),
+            "max_side": args.max_side,
+        },
+    )
+    total = sum(s["count"] for s in summary.values())
+    print(f"Wrote {total} images in {len(summary)} splits to {out}; train with --data.root={out}")
