@@ -38,7 +38,9 @@ class ShardDataset(StreamingDataset):
         seed: int = 42,
         with_ids: bool = False,
     ) -> None:
-        super().__init__(url, shuffle=shuffle, seed=seed, drop_last=False)
+        # training: LitData drops the remainder under DDP (every rank the same number of batches, or the
+        # gradient all-reduce waits forever); evaluation: every sample, uneven shares are fine there
+        super().__init__(url, shuffle=shuffle, seed=seed, drop_last=None if shuffle else False)
         # not `transform`: StreamingDataset applies its own `self.transform` to the stored dict
         self.image_transform = transform
         self.with_ids = with_ids
