@@ -87,6 +87,8 @@ def main(argv: list[str]) -> None:
             f"--output '{out}' is not empty (shards of an earlier run, or other files).",
             "give a new folder or prefix (e.g. with a version suffix), or delete the old one first.",
         )
+    if shards.is_url(out):
+        shards.allow_plain_http()
     splits = data.splits  # the data module's layouts, checks and split rules
     summary: dict[str, Any] = {}
     for name, index in splits.items():
@@ -105,6 +107,8 @@ def main(argv: list[str]) -> None:
             reorder_files=False,  # the ids stay the positions in the split
             start_method="fork",
         )
+        if shards.is_url(out):
+            shards.check_uploaded(shards.join(out, name))
         summary[name] = {"count": len(index), "class_counts": index.class_counts()}
     shards.write_index(
         out,

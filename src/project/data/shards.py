@@ -138,3 +138,38 @@ def output_is_empty(root: str | Path) -> bool:
     except (BotoCoreError, ClientError) as e:
         raise s3_problem(str(root), e) from None
     return listing.get("KeyCount", 0) == 0
+
+
+def allow_plain_http() -> None:
+    """Let LitData's uploads reach an http:// endpoint (a MinIO or moto server on the local network).
+
+    LitData uploads through obstore with fixed client options and no `allow_http`
+    (litdata/streaming/downloader.py, `_OBSTORE_CLIENT_OPTIONS`), so obstore refuses a plain-HTTP
+    endpoint that boto3 (reads, shards.json) accepts; the smallest way around is to add the option.
+    """
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    if endpoint.startswith("http://"):
+        from litdata.streaming import downloader
+
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
+
+
+def check_uploaded(url: str) -> None:
+    """Every chunk LitData's index names is in the bucket: LitData logs a failed upload and goes on
+    (litdata/processing/data_processor.py, "Failed to upload"), so a run would otherwise end 'done'."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, prefix = bucket_key(url.rstrip("/") + "/")
+    client = s3_client()
+    try:
+        index = json.loads(client.get_object(Bucket=bucket, Key=prefix + "index.json")["Body"].read())
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        present = {o["Key"].removeprefix(prefix) for page in pages for o in page.get("Contents", [])}
+    except (BotoCoreError, ClientError) as e:
+        raise s3_problem(join(url, "index.json"), e) from None
+    missing = [c["filename"] for c in index["chunks"] if c["filename"] not in present]
+    if missing:
+        raise UserError(
+            f"The upload to '{url}' is incomplete: {len(missing)} chunk(s) missing, e.g. {missing[0]}.",
+            "see the upload error above, then run optimize again into an empty prefix.",
+        )
