@@ -14,6 +14,7 @@ from litdata import StreamingDataset
 from typing_extensions import override
 
 from project.data.decode import decode_chw
+from project.data.shards import allow_plain_http, is_url
 
 
 class ShardDataset(StreamingDataset):
@@ -40,6 +41,8 @@ class ShardDataset(StreamingDataset):
     ) -> None:
         # training: LitData drops the remainder under DDP (every rank the same number of batches, or the
         # gradient all-reduce waits forever); evaluation: every sample, uneven shares are fine there
+        if is_url(url):
+            allow_plain_http()  # LitData downloads chunks through obstore too
         super().__init__(url, shuffle=shuffle, seed=seed, drop_last=None if shuffle else False)
         # not `transform`: StreamingDataset applies its own `self.transform` to the stored dict
         self.image_transform = transform
