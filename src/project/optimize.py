@@ -41,7 +41,7 @@ class Sample:
         data = read_file(self.root / path)
         if self.max_side is not None:
             data = downscaled(data, self.max_side)
-        return {"image": data, "label": label, "id": sample_id}
+        return {"image": data, "label": label, "id": sample_id, "path": path}
 
 
 def downscaled(data: bytes, max_side: int) -> bytes:

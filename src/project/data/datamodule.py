@@ -380,23 +380,27 @@ class ImageDataModule(L.LightningDataModule):
         litdata()  # installed, or one line saying how
         from project.data.streaming import ShardDataset
 
-        splits = self.shard_index["splits"]
+        def split(name: str, transform: torch.nn.Module, shuffle: bool = False) -> ShardDataset:
+            # the shuffle follows the run's seed (--seed_everything), the same on every rank
+            seed = torch.initial_seed() % 2**31
+            return ShardDataset(
+                join(self.shards, name), transform, shuffle, seed, False, self.skip_bad_images
+            )
+
         if stage == "fit":
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 self.batch_mix = BatchMix(self.mixup_alpha, self.cutmix_alpha, self.num_classes)
-            seed = self.split_seed
-            self.datasets["train"] = ShardDataset(
-                join(self.shards, "train"), self.train_transform, True, seed
-            )
-            self.datasets["val"] = ShardDataset(join(self.shards, "val"), self.eval_transform, False)
-        elif stage in ("validate", "test"):
-            split = "test" if stage == "test" and "test" in splits else "val"
-            if stage == "test" and split == "val":
+            self.datasets["train"] = split("train", self.train_transform, shuffle=True)
+            self.datasets["val"] = split("val", self.eval_transform)
+        elif stage == "validate":
+            self.datasets["val"] = split("val", self.eval_transform)
+        elif stage == "test":
+            if "test" not in self.shard_index["splits"]:
                 warnings.warn(
                     f"'{self.shards}' has no test split: testing on the validation split.", stacklevel=2
                 )
-            self.datasets[stage if stage == "test" else "val"] = ShardDataset(
-                join(self.shards, split), self.eval_transform, False
+            self.datasets["test"] = split(
+                "test" if "test" in self.shard_index["splits"] else "val", self.eval_transform
             )
         elif stage == "predict":
             self.datasets["predict"] = self._predict_dataset()
