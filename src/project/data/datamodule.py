@@ -381,10 +381,10 @@ class ImageDataModule(L.LightningDataModule):
         from project.data.streaming import ShardDataset
 
         def split(name: str, transform: torch.nn.Module, shuffle: bool = False) -> ShardDataset:
-            # the shuffle follows the run's seed (--seed_everything), the same on every rank
-            seed = torch.initial_seed() % 2**31
+            # the shuffle's seed is --data.split_seed, fixed: a resumed run (even one with a random
+            # --seed_everything) must draw the killed run's order for the loader's saved position to apply
             return ShardDataset(
-                join(self.shards, name), transform, shuffle, seed, False, self.skip_bad_images
+                join(self.shards, name), transform, shuffle, self.split_seed, False, self.skip_bad_images
             )
 
         if stage == "fit":
