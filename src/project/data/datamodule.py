@@ -172,8 +172,10 @@ class ImageDataModule(L.LightningDataModule):
         """
         Args:
             root: Folder of images; null means the embedded shapes data set, generated into data/shapes.
+                Shards made by `optimize` (a folder with shards.json, or an s3:// URL) are streamed.
             val_split: Fraction of each class held out for validation when root has no train/ and val/.
             split_seed: Seed of that split; kept apart from the training seed so the split never moves.
+                Also the seed of the shards' shuffle (fixed, so a resumed run draws the same order).
             num_classes: Expected number of classes, checked against the class folders (optional).
             image_size: Side of the square crops the model sees.
             crop_ratio: Evaluation resizes the short side to image_size / crop_ratio, then centre-crops;

@@ -6,8 +6,9 @@
 Each sample is {"image": the encoded file's bytes, "label": class (int) or multi-hot (uint8 array),
 "id": the image's position in its split, "path": the file it was made from, relative to the split's
 root}. The format is LitData's (`litdata.optimize`, `StreamingDataset`); the template adds only
-shards.json, written last, so a folder that has it is complete. The endpoint and credentials of a bucket come from the usual variables (AWS_ENDPOINT_URL,
-AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION or ~/.aws), as boto3 reads them.
+shards.json, written last, so a folder that has it is complete. The endpoint and credentials of a
+bucket come from the usual variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_DEFAULT_REGION or ~/.aws), as boto3 reads them.
 """
 
 from __future__ import annotations
