@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from project.data.datamodule import ImageDataModule
 from project.data.decode import BadImageError
+from project.errors import UserError
 from project.optimize import main as optimize
 from tests.helpers import exit_status
 
@@ -42,3 +44,24 @@ def test_skip_bad_images_leaves_the_bad_sample_out(with_a_bad_file: Path) -> Non
         found = samples(with_a_bad_file, skip_bad_images=True)
     assert len(found) == 25 and sum(sample is None for sample in found) == 1
     assert all(sample[0].shape[0] == 3 for sample in found if sample is not None)
+
+
+def test_balance_loss_weighs_classes_by_the_counts_in_the_index(with_a_bad_file: Path) -> None:
+    images = with_a_bad_file.parent.parent / "images"
+    shards = ImageDataModule(root=str(with_a_bad_file.parent), balance="loss")
+    assert shards.class_names == ImageDataModule(root=str(images)).class_names
+    assert shards.class_weights == ImageDataModule(root=str(images), balance="loss").class_weights
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"cache": True}, "--data.cache=true: shards are streamed"),
+        ({"balance": "sampler"}, "balance=sampler"),
+    ],
+)
+def test_options_that_need_the_whole_split_are_refused(
+    with_a_bad_file: Path, option: dict, message: str
+) -> None:
+    with pytest.raises(UserError, match=message):
+        ImageDataModule(root=str(with_a_bad_file.parent), **option)
