@@ -354,7 +354,7 @@ class ImageDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.skip_bad_images and self.trainer is not None and self.trainer.log_dir is not None:
             self.skip_log = SkipLog(Path(self.trainer.log_dir))
-        if self.shards is not None:
+        if self.shards is not None and stage != "predict":  # predict reads files: no bucket needed
             self._setup_shards(stage)
             return
         if stage == "fit":
@@ -404,8 +404,6 @@ class ImageDataModule(L.LightningDataModule):
             self.datasets["test"] = split(
                 "test" if "test" in self.shard_index["splits"] else "val", self.eval_transform
             )
-        elif stage == "predict":
-            self.datasets["predict"] = self._predict_dataset()
 
     def _decide_cache(self) -> bool:
         """--data.cache=auto: cache small images that fit comfortably in memory (data/cache.py's rule).
