@@ -4,10 +4,7 @@ several processes, and from an S3-compatible server on 127.0.0.1 (moto) like fro
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +16,6 @@ from project.data.transforms import eval_transform
 from project.optimize import main as optimize
 from tests.helpers import exit_status, fast_args, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 litdata = pytest.importorskip("litdata")
 
 from project.data.streaming import ShardDataset  # noqa: E402
@@ -137,7 +133,9 @@ def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.mark.slow
-def test_optimize_to_a_bucket_and_read_it_back(s3_env: str, shapes_root: Path, tmp_path: Path) -> None:
+def test_optimize_to_a_bucket_fit_and_read_it_back(
+    s3_env: str, shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from project.data.shards import read_index, s3_client
 
     s3_client().create_bucket(Bucket="data")
@@ -146,6 +144,10 @@ def test_optimize_to_a_bucket_and_read_it_back(s3_env: str, shapes_root: Path, t
     )
     assert read_index("s3://data/shapes")["splits"]["val"]["count"] == 24
     assert sorted(ids("s3://data/shapes/val")) == list(range(24))
+    monkeypatch.setenv("LITDATA_CACHE_DIR", str(tmp_path / "chunks"))  # not ~/.lightning/chunks
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("fit", *fast_args("s3://data/shapes")) == 0  # type: ignore[arg-type]
+    assert list((tmp_path / "checkpoints").rglob("*.ckpt"))
 
 
 def test_unreachable_bucket_is_one_error_line_within_seconds(
@@ -161,45 +163,3 @@ def test_unreachable_bucket_is_one_error_line_within_seconds(
     assert time.monotonic() - start < 20
     err = capsys.readouterr().err
     assert "error: Cannot read 's3://nowhere/shards/shards.json'" in err
-
-
-DDP_READER = """
-import json, sys
-import litdata, torch.distributed as dist
-from project.data.streaming import ShardDataset
-from project.data.transforms import eval_transform
-
-dist.init_process_group("gloo")  # torchrun's variables; LitData reads the rank and world size from it
-data = ShardDataset(sys.argv[1], eval_transform(32), shuffle=True, seed=5, with_ids=True)
-loader = litdata.StreamingDataLoader(data, batch_size=4, num_workers=1)
-ids = [i for batch in loader for i in batch[2].tolist()]
-with open(f"{sys.argv[2]}/rank{dist.get_rank()}.json", "w") as f:
-    json.dump(ids, f)
-dist.destroy_process_group()
-"""
-
-
-@pytest.mark.slow
-def test_two_ddp_processes_see_each_sample_once(shards: Path, tmp_path: Path) -> None:
-    script = tmp_path / "reader.py"
-    script.write_text(DDP_READER)
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={free_port()}",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [*launcher, str(script), str(shards / "train"), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert len(rank0) == len(rank1) == 24
-    assert not set(rank0) & set(rank1)
-    assert sorted(rank0 + rank1) == list(range(48))  # the epoch, each sample on one rank once
