@@ -138,6 +138,9 @@ def test_optimize_to_a_bucket_fit_and_read_it_back(
 ) -> None:
     from project.data.shards import read_index, s3_client
 
+    # LitData stages chunks for the upload in /tmp/chunks, shared by every run on the machine
+    monkeypatch.setenv("DATA_OPTIMIZER_CACHE_FOLDER", str(tmp_path / "staged"))
+    monkeypatch.setenv("DATA_OPTIMIZER_DATA_CACHE_FOLDER", str(tmp_path / "staged-data"))
     s3_client().create_bucket(Bucket="data")
     assert (
         exit_status(optimize, f"--data.root={shapes_root}", "--output=s3://data/shapes", "--workers=1") == 0
