@@ -9,6 +9,10 @@ not empty is refused (a second run never mixes with the first).
 from __future__ import annotations
 
 import io
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +23,12 @@ from project.config_checks import positive_int
 from project.data import shards
 from project.data.datamodule import ImageDataModule, default_num_workers
 from project.data.decode import read_file
+from project.data.index import ImageIndex
 from project.errors import UserError, exits_on_user_error
 
 CHUNK_BYTES = "64MB"  # LitData's advice for streaming from object storage: tens of MB per request
+# Where LitData stages chunks before moving or uploading them (litdata/processing/data_processor.py)
+STAGING = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
 
 
 class Sample:
@@ -58,6 +65,28 @@ def downscaled(data: bytes, max_side: int) -> bytes:
         return out.getvalue()
 
 
+@contextmanager
+def private_staging() -> Iterator[None]:
+    """A staging folder of this run's own for LitData, unless the environment names one.
+
+    By default LitData stages in <tmp>/chunks and <tmp>/data, shared by every run on the machine,
+    and empties them when a run starts (DataProcessor's shutil.rmtree of _get_cache_dir() in
+    litdata/processing/data_processor.py): two optimize runs at once would delete each other's chunks.
+    """
+    saved = {key: os.environ.get(key) for key in STAGING}
+    with tempfile.TemporaryDirectory(prefix="project-optimize-") as tmp:
+        for key in STAGING:
+            os.environ.setdefault(key, os.path.join(tmp, key.lower()))
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
 def parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="python -m project optimize",
@@ -71,6 +100,28 @@ def parser() -> ArgumentParser:
     return p
 
 
+def write_split(index: ImageIndex, url: str, max_side: int | None, workers: int) -> dict[str, Any]:
+    """One split's images as shards at `url` (litdata.optimize); its image and class counts."""
+    labels = index.labels
+    items = [
+        (os.fsdecode(index.paths[i]), labels[i] if labels.ndim == 2 else int(labels[i]), i)
+        for i in range(len(index))
+    ]
+    print(f"{len(items)} images -> {url}", flush=True)
+    shards.litdata().optimize(
+        fn=Sample(index.root, max_side),
+        inputs=items,
+        output_dir=url,
+        chunk_bytes=CHUNK_BYTES,
+        num_workers=min(workers, len(items)),
+        reorder_files=False,  # the ids stay the positions in the split
+        start_method="fork",
+    )
+    if shards.is_url(url):
+        shards.check_uploaded(url)
+    return {"count": len(index), "class_counts": index.class_counts()}
+
+
 @exits_on_user_error
 def main(argv: list[str]) -> None:
     args = parser().parse_args(argv)
@@ -80,8 +131,11 @@ def main(argv: list[str]) -> None:
     positive_int("workers", workers)
     out = str(args.output)
     data = ImageDataModule(**args.data.as_dict())
-    if shards.has_index(data.root) and not data.embedded:
-        raise UserError(f"'{data.root}' holds shards already.", "optimize a folder of images.")
+    if data.shards is not None:
+        raise UserError(
+            f"--data.root '{data.shards}' holds shards already: optimize reads image files.",
+            "point --data.root at a folder of images (or --data.labels_csv at a labels CSV).",
+        )
     if not shards.output_is_empty(out):
         raise UserError(
             f"--output '{out}' is not empty (shards of an earlier run, or other files).",
@@ -91,25 +145,9 @@ def main(argv: list[str]) -> None:
         shards.allow_plain_http()
     splits = data.splits  # the data module's layouts, checks and split rules
     summary: dict[str, Any] = {}
-    for name, index in splits.items():
-        labels = index.labels
-        items = [
-            (index.paths[i].decode(), labels[i] if labels.ndim == 2 else int(labels[i]), i)
-            for i in range(len(index))
-        ]
-        print(f"{name}: {len(items)} images -> {shards.join(out, name)}", flush=True)
-        shards.litdata().optimize(
-            fn=Sample(index.root, args.max_side),
-            inputs=items,
-            output_dir=shards.join(out, name),
-            chunk_bytes=CHUNK_BYTES,
-            num_workers=min(workers, len(items)),
-            reorder_files=False,  # the ids stay the positions in the split
-            start_method="fork",
-        )
-        if shards.is_url(out):
-            shards.check_uploaded(shards.join(out, name))
-        summary[name] = {"count": len(index), "class_counts": index.class_counts()}
+    with private_staging():
+        for name, index in splits.items():
+            summary[name] = write_split(index, shards.join(out, name), args.max_side, workers)
     shards.write_index(
         out,
         {
