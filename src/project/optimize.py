@@ -8,6 +8,7 @@ not empty is refused (a second run never mixes with the first).
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import tempfile
@@ -93,7 +94,10 @@ def parser() -> ArgumentParser:
         description="Write the data set as LitData shards per split (local folder or s3://) for "
         "`fit --data.root=OUT`: for data too many files or too remote for a folder loader.",
     )
-    p.add_class_arguments(ImageDataModule, "data", skip={"predict_dir"})
+    # the options that decide which images go into which split; the rest are for training
+    layout = {"root", "val_split", "split_seed", "num_classes", "labels_csv", "label_delimiter"}
+    skip = set(inspect.signature(ImageDataModule.__init__).parameters) - layout - {"self"}
+    p.add_class_arguments(ImageDataModule, "data", skip=skip)
     p.add_argument("--output", type=str, required=True, help="Folder or s3://bucket/prefix; must be empty.")
     p.add_argument("--max_side", type=int | None, default=None, help="Downscale longer sides above this.")
     p.add_argument("--workers", type=int | None, default=None, help="Processes; default one per core.")
