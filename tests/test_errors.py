@@ -26,6 +26,7 @@ MISTAKES = {
     "report": ["missing-run"],
     "doctor": ["--workers", "-1"],
     "models": ["no-such-backbone-anywhere"],
+    "optimize": ["--output=out", "--max_side=0"],
 }
 
 # Runs `python -m project COMMAND ARGS...` for each command in one interpreter (torch is imported once, not

@@ -1,7 +1,7 @@
 """The one entry point, of `python -m project ...` and of the installed `project` script: dispatch only.
 
-infer, serve, report, doctor, new, sweep, audit and models have a module of their own and skip the
-training CLI (most of them torch too): they go first. Everything else is a LightningCLI subcommand of
+infer, serve, report, doctor, new, sweep, audit, models and optimize have a module of their own and skip
+the training CLI (most of them torch too): they go first. Everything else is a LightningCLI subcommand of
 project.cli: fit, validate, test, predict and the Trainer's export, memory, lr_find and
 batch_size_find. Every command's main ends a user's mistake the same way
 (project.errors.exits_on_user_error).
@@ -24,6 +24,7 @@ COMMANDS = {
     "sweep": "project.sweep.command",
     "audit": "project.audit.command",
     "models": "project.models",
+    "optimize": "project.optimize",
 }
 
 

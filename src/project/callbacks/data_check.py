@@ -46,7 +46,9 @@ class DataCheck(Callback):
         self._batch_checked = False
         self._warn_short_run(trainer)
         num_classes = pl_module.hparams.get("num_classes")
-        splits = getattr(trainer.datamodule, "splits", None)
+        # streamed shards (data/shards.py) have no index of files here: their counts were printed by optimize
+        shards = getattr(trainer.datamodule, "shards", None)
+        splits = getattr(trainer.datamodule, "splits", None) if shards is None else None
         if not splits or num_classes is None:
             return
         multilabel = is_multilabel(pl_module)

@@ -17,7 +17,14 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import DataLoader, Dataset, Sampler, WeightedRandomSampler, default_collate
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    Sampler,
+    WeightedRandomSampler,
+    default_collate,
+)
 from typing_extensions import override
 
 from project.config_checks import fraction, positive_int, require
@@ -36,6 +43,7 @@ from project.data.index import HoldOut, ImageIndex, Splits, hold_out, list_image
 from project.data.labels_csv import csv_splits
 from project.data.multishapes import generate_multishapes
 from project.data.shapes import generate_shapes
+from project.data.shards import has_index, join, litdata, read_index
 from project.data.skipped import SkipLog
 from project.data.transforms import AutoAugment, BatchMix, eval_transform, train_transform
 from project.errors import UserError
@@ -92,6 +100,20 @@ def check_data_options(
         require(0 <= num_workers <= most, "data.num_workers", num_workers, expected)
     if prefetch_factor is not None:
         positive_int("data.prefetch_factor", prefetch_factor)
+
+
+def check_shard_options(cache: bool | str, balance: str) -> None:
+    """Options that need the whole split in this process's hands: not for streamed shards."""
+    if cache is True:
+        raise UserError(
+            "--data.cache=true: shards are streamed, not decoded into memory up front.",
+            "remove --data.cache (LitData keeps the chunks it reads on local disk).",
+        )
+    if balance == "sampler":
+        raise UserError(
+            "--data.balance=sampler draws images by index, which streamed shards do not allow.",
+            "use --data.balance=loss (class weights from the counts in the shard index).",
+        )
 
 
 def check_recipe_options(
@@ -151,8 +173,10 @@ class ImageDataModule(L.LightningDataModule):
         """
         Args:
             root: Folder of images; null means the embedded shapes data set, generated into data/shapes.
+                Shards made by `optimize` (a folder with shards.json, or an s3:// URL) are streamed.
             val_split: Fraction of each class held out for validation when root has no train/ and val/.
             split_seed: Seed of that split; kept apart from the training seed so the split never moves.
+                Also the seed of the shards' shuffle (fixed, so a resumed run draws the same order).
             num_classes: Expected number of classes, checked against the class folders (optional).
             image_size: Side of the square crops the model sees.
             crop_ratio: Evaluation resizes the short side to image_size / crop_ratio, then centre-crops;
@@ -209,6 +233,12 @@ class ImageDataModule(L.LightningDataModule):
         else:
             self.root = Path(root) if root is not None else EMBEDDED_ROOT
         self.embedded = root is None and labels_csv is None
+        # shards made by `optimize` (data/shards.py): a folder with shards.json, or an s3:// URL
+        self.shards: str | None = (
+            str(root) if root is not None and labels_csv is None and has_index(root) else None
+        )
+        if self.shards is not None:
+            check_shard_options(cache, balance)
         self.val_split = val_split
         self.split_seed = split_seed
         self.expected_num_classes = num_classes
@@ -247,6 +277,13 @@ class ImageDataModule(L.LightningDataModule):
         """The splits as the data format stores them, `hold` giving one without val its split; the demo
         data sets are generated on first use. Each data format is one function returning the splits
         (docs/new-task.md, "Another data format")."""
+        if self.shards is not None:
+            source = self.shard_index.get("source", "the image folder they were made from")
+            raise UserError(
+                f"--data.root '{self.shards}' holds shards: fit, validate and test read them, this command "
+                "reads image files (folders or a labels CSV).",
+                f"point --data.root at the images the shards were made from ({source}).",
+            )
         if self.embedded:
             shapes = "the embedded shapes data set (6 classes, 4,800 train and 600 val images)"
             _say_once_generated(self.root, shapes)
@@ -275,18 +312,31 @@ class ImageDataModule(L.LightningDataModule):
                 "or fix the folders.",
             )
 
+    @cached_property
+    def shard_index(self) -> dict[str, Any]:
+        """The shards' shards.json (class names, counts per split, task), read once."""
+        if self.shards is None:
+            raise ValueError("not shards")
+        index = read_index(self.shards)
+        self._check_num_classes(tuple(index["class_names"]))
+        return index
+
     @property
     def class_names(self) -> list[str]:
+        if self.shards is not None:
+            return list(self.shard_index["class_names"])
         return list(self.splits["train"].class_names)
 
     @property
     def task(self) -> str:
         """multiclass (one class folder per image) or multilabel (labels from a CSV); linked to the model."""
+        if self.shards is not None:
+            return str(self.shard_index["task"])
         return "multilabel" if self.labels_csv is not None else "multiclass"
 
     @property
     def num_classes(self) -> int:
-        return len(self.splits["train"].class_names)
+        return len(self.class_names)
 
     @property
     def class_weights(self) -> list[float] | None:
@@ -294,7 +344,13 @@ class ImageDataModule(L.LightningDataModule):
         so that every class weighs as much in total (sklearn's "balanced"); linked to the model."""
         if self.balance != "loss":
             return None
-        counts = np.maximum(np.bincount(self.splits["train"].labels, minlength=self.num_classes), 1)
+        if self.shards is not None:
+            counts = np.array(
+                [self.shard_index["splits"]["train"]["class_counts"][n] for n in self.class_names]
+            )
+        else:
+            counts = np.bincount(self.splits["train"].labels, minlength=self.num_classes)
+        counts = np.maximum(counts, 1)
         return (counts.sum() / (len(counts) * counts)).tolist()
 
     # ---- Lightning hooks ----
@@ -303,6 +359,9 @@ class ImageDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.skip_bad_images and self.trainer is not None and self.trainer.log_dir is not None:
             self.skip_log = SkipLog(Path(self.trainer.log_dir))
+        if self.shards is not None and stage != "predict":  # predict reads files: no bucket needed
+            self._setup_shards(stage)
+            return
         if stage == "fit":
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 self.batch_mix = BatchMix(self.mixup_alpha, self.cutmix_alpha, self.num_classes)
@@ -321,6 +380,35 @@ class ImageDataModule(L.LightningDataModule):
             )
         elif stage == "predict":
             self.datasets["predict"] = self._predict_dataset()
+
+    def _setup_shards(self, stage: str) -> None:
+        """The shards' splits as streaming data sets, with the same transforms as image files."""
+        self._check_model_classes()
+        litdata()  # installed, or one line saying how
+        from project.data.streaming import ShardDataset
+
+        def split(name: str, transform: torch.nn.Module, shuffle: bool = False) -> ShardDataset:
+            # the shuffle's seed is --data.split_seed, fixed: a resumed run (even one with a random
+            # --seed_everything) must draw the killed run's order for the loader's saved position to apply
+            return ShardDataset(
+                join(self.shards, name), transform, shuffle, self.split_seed, False, self.skip_bad_images
+            )
+
+        if stage == "fit":
+            if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
+                self.batch_mix = BatchMix(self.mixup_alpha, self.cutmix_alpha, self.num_classes)
+            self.datasets["train"] = split("train", self.train_transform, shuffle=True)
+            self.datasets["val"] = split("val", self.eval_transform)
+        elif stage == "validate":
+            self.datasets["val"] = split("val", self.eval_transform)
+        elif stage == "test":
+            if "test" not in self.shard_index["splits"]:
+                warnings.warn(
+                    f"'{self.shards}' has no test split: testing on the validation split.", stacklevel=2
+                )
+            self.datasets["test"] = split(
+                "test" if "test" in self.shard_index["splits"] else "val", self.eval_transform
+            )
 
     def _decide_cache(self) -> bool:
         """--data.cache=auto: cache small images that fit comfortably in memory (data/cache.py's rule).
@@ -452,6 +540,20 @@ class ImageDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset, train: bool = False) -> DataLoader:
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        if isinstance(dataset, IterableDataset):  # the shards (predict reads files)
+            from litdata import StreamingDataLoader
+
+            # LitData's loader: it shards by rank and worker itself and has a state_dict, which Lightning
+            # saves in the checkpoint and restores on --ckpt_path (resuming mid-epoch)
+            return StreamingDataLoader(
+                dataset,
+                batch_size=self.batch_size,
+                num_workers=self.num_workers,
+                pin_memory=on_gpu,
+                drop_last=train,
+                prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
+                collate_fn=self._collate(dataset),
+            )
         sampler = self._balanced_sampler(dataset) if train and self.balance == "sampler" else None
         if (
             not train

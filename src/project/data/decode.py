@@ -104,9 +104,14 @@ def read_rgb(path: Path) -> np.ndarray:
 
 def load_rgb(path: Path) -> torch.Tensor:
     """uint8 [3, H, W] of an image file, JPEGs through libjpeg-turbo: training's entry."""
+    return decode_chw(read_file(path), path)
+
+
+def decode_chw(data: bytes, name: str | Path) -> torch.Tensor:
+    """uint8 [3, H, W] of an image file's bytes (from a file or a shard), JPEGs through libjpeg-turbo."""
     import torch  # here, not at the top: infer and serve import this module without torch
 
-    chw = decode_rgb(read_file(path), path, jpeg=_libjpeg_turbo).transpose(2, 0, 1)
+    chw = decode_rgb(data, name, jpeg=_libjpeg_turbo).transpose(2, 0, 1)
     chw = np.ascontiguousarray(chw)  # no copy when libjpeg-turbo wrote CHW already
     return torch.from_numpy(chw if chw.flags.writeable else chw.copy())
 

@@ -27,9 +27,9 @@ class ExportError(UserError):
 
 
 def validation_images(datamodule: object, count: int = 7) -> list[Path]:
-    """A few validation files of `datamodule` to verify exports on, or none when its data is not on disk."""
+    """A few validation files of `datamodule` to verify exports on, or none when it is not files on disk."""
     root = getattr(datamodule, "root", None)
-    if root is None or not Path(root).is_dir():
+    if root is None or not Path(root).is_dir() or getattr(datamodule, "shards", None) is not None:
         return []
     index = datamodule.splits["val"]
     step = max(1, len(index) // count)

@@ -1,0 +1,168 @@
+"""Shards (data/shards.py, optimize.py): made from image folders, trained from, resumed mid-epoch, read by
+several processes, and from an S3-compatible server on 127.0.0.1 (moto) like from a bucket."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.audit.command import main as audit
+from project.data.transforms import eval_transform
+from project.optimize import main as optimize
+from tests.helpers import exit_status, fast_args, run_cli
+
+litdata = pytest.importorskip("litdata")
+
+from project.data.streaming import ShardDataset  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shards(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shapes (6 classes, 48 train + 24 val JPEGs) as shards, 2 processes."""
+    out = tmp_path_factory.mktemp("shards") / "out"
+    assert exit_status(optimize, f"--data.root={shapes_root}", f"--output={out}", "--workers=2") == 0
+    return out
+
+
+def ids(url: str, **loader: object) -> list[int]:
+    data = ShardDataset(url, eval_transform(32), shuffle=True, seed=1, with_ids=True)
+    return [
+        i for batch in litdata.StreamingDataLoader(data, batch_size=5, **loader) for i in batch[2].tolist()
+    ]
+
+
+def test_optimize_writes_every_image_with_the_class_counts(shards: Path, shapes_root: Path) -> None:
+    index = json.loads((shards / "shards.json").read_text())
+    assert index["task"] == "multiclass"
+    assert len(index["class_names"]) == 6
+    assert index["splits"]["train"]["count"] == 48 and index["splits"]["val"]["count"] == 24
+    assert set(index["splits"]["train"]["class_counts"].values()) == {8}
+    assert sorted(ids(str(shards / "train"))) == list(range(48))
+    # the bytes as they are: the first sample is the first file of the split, unchanged
+    data = litdata.StreamingDataset(str(shards / "val"))
+    first = sorted((shapes_root / "val").rglob("*.jpg"))[0].read_bytes()
+    assert any(data[i]["image"] == first for i in range(len(data)))
+
+
+def test_second_optimize_on_the_same_output_is_refused(
+    shards: Path, shapes_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = sorted(p.name for p in shards.rglob("*"))
+    assert exit_status(optimize, f"--data.root={shapes_root}", f"--output={shards}") == 2
+    err = capsys.readouterr().err
+    assert "is not empty" in err and "Fix:" in err
+    assert sorted(p.name for p in shards.rglob("*")) == before
+
+
+def test_max_side_stores_images_downscaled(flat_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "small"
+    args = [f"--data.root={flat_root}", "--data.val_split=0.25", f"--output={out}", "--max_side=16"]
+    assert exit_status(optimize, *args, "--workers=1") == 0
+    index = json.loads((out / "shards.json").read_text())
+    assert index["splits"]["train"]["count"] + index["splits"]["val"]["count"] == 48
+    image = ShardDataset(str(out / "val"), lambda x: x, shuffle=False)[0][0]
+    assert max(image.shape[1:]) == 16
+
+
+@pytest.mark.slow
+def test_fit_and_validate_read_the_shards(shards: Path, workdir: Path) -> None:
+    assert run_cli("fit", *fast_args(shards)) == 0
+    ckpt = next((workdir / "checkpoints").rglob("*.ckpt"))
+    assert torch.load(ckpt, weights_only=False)["hyper_parameters"]  # a checkpoint like from folders
+    assert run_cli("validate", *fast_args(shards)[:2], f"--ckpt_path={ckpt}") == 0
+
+
+def test_audit_on_shards_says_it_reads_image_files(shards: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_status(audit, f"--data.root={shards}") == 2
+    assert "holds shards" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_loader_resumes_mid_epoch_with_the_samples_not_yet_seen(shards: Path) -> None:
+    url = str(shards / "train")
+    data = ShardDataset(url, eval_transform(32), shuffle=True, seed=3, with_ids=True)
+    loader = litdata.StreamingDataLoader(data, batch_size=4, num_workers=2)
+    seen: list[int] = []
+    for step, batch in enumerate(loader):
+        seen += batch[2].tolist()
+        if step == 4:
+            state = loader.state_dict()
+            break
+    again = ShardDataset(url, eval_transform(32), shuffle=True, seed=3, with_ids=True)
+    resumed = litdata.StreamingDataLoader(again, batch_size=4, num_workers=2)
+    resumed.load_state_dict(state)
+    rest = [i for batch in resumed for i in batch[2].tolist()]
+    assert len(seen) == 20 and len(rest) == 28
+    assert sorted(seen + rest) == list(range(48))  # one epoch, no repeats
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> str:
+    """moto's S3-compatible server on 127.0.0.1, reached over HTTP like AWS, GCS or MinIO."""
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{server._port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The usual variables, as a user sets them for a bucket: endpoint, credentials, region."""
+    for key, value in {
+        "AWS_ENDPOINT_URL": s3_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        # a local server speaks plain HTTP: LitData's uploads (obstore) refuse it unless allowed
+        "AWS_ALLOW_HTTP": "true",
+    }.items():
+        monkeypatch.setenv(key, value)
+    return s3_server
+
+
+@pytest.mark.slow
+def test_optimize_to_a_bucket_fit_and_read_it_back(
+    s3_env: str, shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from project.data.shards import read_index, s3_client
+
+    # LitData stages chunks for the upload in /tmp/chunks, shared by every run on the machine
+    monkeypatch.setenv("DATA_OPTIMIZER_CACHE_FOLDER", str(tmp_path / "staged"))
+    monkeypatch.setenv("DATA_OPTIMIZER_DATA_CACHE_FOLDER", str(tmp_path / "staged-data"))
+    s3_client().create_bucket(Bucket="data")
+    assert (
+        exit_status(optimize, f"--data.root={shapes_root}", "--output=s3://data/shapes", "--workers=1") == 0
+    )
+    assert read_index("s3://data/shapes")["splits"]["val"]["count"] == 24
+    assert sorted(ids("s3://data/shapes/val")) == list(range(24))
+    monkeypatch.setenv("LITDATA_CACHE_DIR", str(tmp_path / "chunks"))  # not ~/.lightning/chunks
+    monkeypatch.chdir(tmp_path)
+    assert run_cli("fit", *fast_args("s3://data/shapes")) == 0  # type: ignore[arg-type]
+    assert list((tmp_path / "checkpoints").rglob("*.ckpt"))
+
+
+def test_unreachable_bucket_is_one_error_line_within_seconds(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("boto3")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    start = time.monotonic()
+    assert run_cli("fit", "--data.root=s3://nowhere/shards") == 2
+    assert time.monotonic() - start < 20
+    err = capsys.readouterr().err
+    assert "error: Cannot read 's3://nowhere/shards/shards.json'" in err
