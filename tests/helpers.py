@@ -94,3 +94,19 @@ def tiny_trainer(*callbacks: L.Callback, **kwargs: object) -> L.Trainer:
         **kwargs,
     }
     return L.Trainer(callbacks=list(callbacks), **options)
+
+
+def workers_blocking_stop_signals(loader: DataLoader) -> list[bool]:
+    """For each worker `loader` starts: whether it blocks SIGTERM and SIGINT (read from /proc)."""
+    import multiprocessing
+    import signal
+
+    batches = iter(loader)
+    next(batches)  # the workers are up and past their worker_init_fn
+    found = []
+    for worker in multiprocessing.active_children():
+        status = Path(f"/proc/{worker.pid}/status").read_text()
+        mask = int(status.split("SigBlk:")[1].split()[0], 16)
+        found.append(all(mask >> (signum - 1) & 1 for signum in (signal.SIGTERM, signal.SIGINT)))
+    del batches
+    return found
