@@ -101,10 +101,12 @@ def workers_blocking_stop_signals(loader: DataLoader) -> list[bool]:
     import multiprocessing
     import signal
 
+    before = set(multiprocessing.active_children())
     batches = iter(loader)
-    next(batches)  # the workers are up and past their worker_init_fn
+    for _ in range(loader.num_workers):  # batch i comes from worker i: each is past its worker_init_fn
+        next(batches)
     found = []
-    for worker in multiprocessing.active_children():
+    for worker in set(multiprocessing.active_children()) - before:
         status = Path(f"/proc/{worker.pid}/status").read_text()
         mask = int(status.split("SigBlk:")[1].split()[0], 16)
         found.append(all(mask >> (signum - 1) & 1 for signum in (signal.SIGTERM, signal.SIGINT)))

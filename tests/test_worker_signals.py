@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import subprocess
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 from project.data.datamodule import ImageDataModule
@@ -12,15 +13,18 @@ from project.data.worker_signals import worker_init
 from tests.helpers import workers_blocking_stop_signals
 
 
-def idle_worker() -> None:
+def idle_worker(ready: Event) -> None:
     worker_init(0)
+    ready.set()
     time.sleep(60)
 
 
 def test_a_worker_ignores_other_senders_and_ends_on_its_parents_sigterm() -> None:
-    worker = multiprocessing.get_context("fork").Process(target=idle_worker, daemon=True)
+    fork = multiprocessing.get_context("fork")
+    ready = fork.Event()
+    worker = fork.Process(target=idle_worker, args=(ready,), daemon=True)
     worker.start()
-    time.sleep(0.5)  # past worker_init
+    assert ready.wait(30)
     for name in ("TERM", "INT"):  # as SLURM or `kill -- -PGID` (another process) sends them
         subprocess.run(["kill", f"-{name}", str(worker.pid)], check=True)
     time.sleep(0.5)
