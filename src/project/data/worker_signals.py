@@ -39,6 +39,8 @@ def _leave_signals_to_the_parent() -> None:
     Python's handlers do not see it, `sigwaitinfo` does. Threads started later inherit the mask, and a
     worker has no other thread yet (it runs this before its first item).
     """
+    if not hasattr(signal, "sigwaitinfo"):  # macOS, Windows: PyTorch's own handling stays
+        return
     parent = os.getppid()
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
 
