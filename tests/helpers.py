@@ -94,3 +94,21 @@ def tiny_trainer(*callbacks: L.Callback, **kwargs: object) -> L.Trainer:
         **kwargs,
     }
     return L.Trainer(callbacks=list(callbacks), **options)
+
+
+def workers_blocking_stop_signals(loader: DataLoader) -> list[bool]:
+    """For each worker `loader` starts: whether it blocks SIGTERM and SIGINT (read from /proc)."""
+    import multiprocessing
+    import signal
+
+    before = set(multiprocessing.active_children())
+    batches = iter(loader)
+    for _ in range(loader.num_workers):  # batch i comes from worker i: each is past its worker_init_fn
+        next(batches)
+    found = []
+    for worker in set(multiprocessing.active_children()) - before:
+        status = Path(f"/proc/{worker.pid}/status").read_text()
+        mask = int(status.split("SigBlk:")[1].split()[0], 16)
+        found.append(all(mask >> (signum - 1) & 1 for signum in (signal.SIGTERM, signal.SIGINT)))
+    del batches
+    return found

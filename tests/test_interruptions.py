@@ -42,7 +42,9 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("signum", "workers"), [(signal.SIGTERM, 0), (signal.SIGINT, 2)], ids=["SIGTERM", "SIGINT-with-workers"]
+    ("signum", "workers"),
+    [(signal.SIGTERM, 0), (signal.SIGINT, 2), (signal.SIGTERM, 2)],
+    ids=["SIGTERM", "SIGINT-with-workers", "SIGTERM-with-workers"],
 )
 def test_signal_stops_after_the_batch_with_a_resumable_checkpoint(
     workdir: Path, shapes_root: Path, signum: signal.Signals, workers: int
@@ -64,6 +66,8 @@ def test_signal_stops_after_the_batch_with_a_resumable_checkpoint(
     assert f"  last:         checkpoints/{name}/last.ckpt\n" in block
     assert f"  python -m project fit --name {name} --ckpt_path last   # resume" in block
     assert "Traceback" not in output
+    with pytest.raises(ProcessLookupError):  # the fit stopped its loader workers: none is left behind
+        os.killpg(proc.pid, 0)
     saved = torch.load(run / "last.ckpt", weights_only=True)
     assert saved["global_step"] >= 3  # at least epoch 0's three steps
     assert not list(run.glob(".*.partial"))

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from project.audit.command import main as audit
+from project.data.datamodule import ImageDataModule
 from project.data.transforms import eval_transform
 from project.optimize import main as optimize
-from tests.helpers import exit_status, fast_args, run_cli
+from tests.helpers import exit_status, fast_args, run_cli, workers_blocking_stop_signals
 
 litdata = pytest.importorskip("litdata")
 
@@ -99,6 +100,12 @@ def test_loader_resumes_mid_epoch_with_the_samples_not_yet_seen(shards: Path) ->
     rest = [i for batch in resumed for i in batch[2].tolist()]
     assert len(seen) == 20 and len(rest) == 28
     assert sorted(seen + rest) == list(range(48))  # one epoch, no repeats
+
+
+def test_the_shards_loader_workers_leave_stop_signals_to_the_main_process(shards: Path) -> None:
+    dm = ImageDataModule(root=str(shards), image_size=24, batch_size=5, num_workers=2)
+    dm.setup("fit")
+    assert workers_blocking_stop_signals(dm.val_dataloader()) == [True, True]
 
 
 def free_port() -> int:

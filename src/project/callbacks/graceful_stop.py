@@ -24,8 +24,8 @@ class GracefulStop(Callback):
 
     A second Ctrl-C aborts at once without saving. Lightning's own SIGTERM handling (which stops at a
     batch boundary too, and exits 0) is kept; this callback adds Ctrl-C, the checkpoint and the exit code.
-    DataLoader workers are forked after the handlers are installed, so they inherit them and keep going
-    until the main process stops them, instead of dying on the terminal's SIGINT.
+    Loader workers receive a group's signal too (Ctrl-C, `kill -- -PGID`, SLURM preemption): they block
+    SIGINT/SIGTERM (data/worker_signals.py) and keep serving batches until the main process stops them.
     """
 
     def __init__(self) -> None:

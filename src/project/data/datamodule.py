@@ -46,6 +46,7 @@ from project.data.shapes import generate_shapes
 from project.data.shards import has_index, join, litdata, read_index
 from project.data.skipped import SkipLog
 from project.data.transforms import AutoAugment, BatchMix, eval_transform, train_transform
+from project.data.worker_signals import worker_init
 from project.errors import UserError
 
 EMBEDDED_ROOT = Path("data") / "shapes"
@@ -553,6 +554,7 @@ class ImageDataModule(L.LightningDataModule):
                 drop_last=train,
                 prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
                 collate_fn=self._collate(dataset),
+                worker_init_fn=worker_init,
             )
         sampler = self._balanced_sampler(dataset) if train and self.balance == "sampler" else None
         if (
@@ -576,6 +578,8 @@ class ImageDataModule(L.LightningDataModule):
             # DataLoader refuses a prefetch factor without workers: there is nothing to prefetch with
             prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
             collate_fn=self._collate(dataset),
+            # the workers outlive a SIGTERM/SIGINT to the process group, so GracefulStop can save
+            worker_init_fn=worker_init,
         )
 
     def _collate(self, dataset: Dataset) -> Any:
