@@ -7,9 +7,10 @@ uses image i % 64 and label i % 10: generating the pixels is not what is measure
 `litdata.optimize` straight from memory, in the sample layout `optimize` writes, with a shards.json, so
 the data module reads it as any shards folder. Then, in a fresh process per count, the data module's
 training loader (image_size 8, batch 128, 2 workers, shuffled) is started and read for --batches
-batches: the first batch's latency (loader start included) and the peak resident memory (VmHWM) of
-each loader worker, read from /proc while the workers are alive. Printed: write time, the size of
-LitData's index.json and of all chunks, the latency, the workers' peak RSS, the load average.
+batches: the first batch's latency (loader start included), the peak resident memory (VmHWM) of
+each loader worker and its Private_Dirty (what it wrote itself, not pages shared with the parent
+after the fork), read from /proc while the workers are alive. Printed: write time, the size of
+LitData's index.json and of all chunks, the latency, the workers' memory, the load average.
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ def write(out: Path, count: int, workers: int) -> float:
     return elapsed
 
 
+def private_dirty_kib(pid: int) -> int:
+    """Memory the process wrote itself (not shared with its parent, not file pages): its own growth."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Private_Dirty:"):
+            return int(line.split()[1])
+    return 0
+
+
 def peak_rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -102,6 +111,7 @@ def measure(root: str, batches: int, workers: int) -> dict[str, object]:
         "first_batch_s": first,
         "after_s": time.perf_counter() - started,
         "worker_peak_rss_mib": [peak_rss_kib(p) / 1024 for p in pids],
+        "worker_private_dirty_mib": [private_dirty_kib(p) / 1024 for p in pids],
         "main_peak_rss_mib": peak_rss_kib(os.getpid()) / 1024,
     }
 
@@ -143,12 +153,13 @@ def main() -> None:
             )
             print(count, rows[-1][1:], flush=True)
     print(f"\ntraining loader, {args.workers} workers, batch 128, first {args.batches} batches:")
-    print("  samples  write s  index.json  chunks  first batch s  worker peak RSS MiB  main peak RSS MiB")
+    print("  samples  write s  index.json  chunks  first batch s  worker peak RSS MiB  private MiB  main MiB")
     for count, seconds, index_bytes, total, r in rows:
         workers = " ".join(f"{m:.0f}" for m in r["worker_peak_rss_mib"])
+        private = " ".join(f"{m:.1f}" for m in r["worker_private_dirty_mib"])
         print(
             f"  {count:>9,}  {seconds:6.1f}  {index_bytes / 1024:7.1f} KiB  {total / 2**20:6.1f} MiB"
-            f"  {r['first_batch_s']:6.2f}  {workers:>12s}  {r['main_peak_rss_mib']:.0f}"
+            f"  {r['first_batch_s']:6.2f}  {workers:>12s}  {private:>10s}  {r['main_peak_rss_mib']:.0f}"
         )
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)")
 
