@@ -219,11 +219,12 @@ FAMILIES = [
 def test_each_family_trains_a_step_and_exports_to_onnx_that_agrees(backbone: str, tmp_path: Path) -> None:
     import onnxruntime as ort
 
-    from project.export import Deployable, _dynamic_batch, _example, _write_onnx
+    from project.export.deployable import Deployable, dynamic_batch, example_batch
+    from project.export.onnx_target import write_torch_export
 
     torch.manual_seed(0)
     model = ImageClassifier(num_classes=3, backbone=backbone, image_size=32, scheduler=None)
-    images, labels = _example(32, 4), torch.tensor([0, 1, 2, 0])
+    images, labels = example_batch(32, 4), torch.tensor([0, 1, 2, 0])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     before = head_of(model.net).weight.detach().clone()
     loss, _ = model.train().loss((images, labels))
@@ -232,10 +233,10 @@ def test_each_family_trains_a_step_and_exports_to_onnx_that_agrees(backbone: str
     assert torch.isfinite(loss) and not torch.equal(head_of(model.net).weight, before)
 
     deployable = Deployable(model).eval()
-    program = torch.export.export(deployable, (_example(32),), dynamic_shapes=_dynamic_batch())
-    _write_onnx(program, 32, tmp_path / "model.onnx", opset=18)
+    program = torch.export.export(deployable, (example_batch(32),), dynamic_shapes=dynamic_batch())
+    write_torch_export(program, 32, tmp_path / "model.onnx", opset=18)
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
-    batch = _example(32, 3)
+    batch = example_batch(32, 3)
     (onnx_logits,) = session.run(["logits"], {"images": batch.numpy()})
     with torch.no_grad():
         eager = deployable(batch).numpy()

@@ -75,7 +75,7 @@ def private_staging() -> Iterator[None]:
     litdata/processing/data_processor.py): two optimize runs at once would delete each other's chunks.
     """
     saved = {key: os.environ.get(key) for key in STAGING}
-    with tempfile.TemporaryDirectory(prefix="project-optimize-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="optimize-") as tmp:
         for key in STAGING:
             os.environ.setdefault(key, os.path.join(tmp, key.lower()))
         try:

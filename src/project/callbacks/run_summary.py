@@ -46,7 +46,8 @@ def summary(trainer: L.Trainer, how: str) -> str:
         return f"Run {how} (no checkpoints were kept)."
     folder = Path(checkpoint.dirpath)
     run = trainer.logger.name if trainer.logger is not None and trainer.logger.name else folder.name
-    logs = trainer.log_dir if trainer.logger is not None else None
+    # the logger's own folder: Trainer.log_dir broadcasts, a collective that only rank 0 reaches here
+    logs = getattr(trainer.logger, "log_dir", None)
     last = folder / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
     best = checkpoint.best_model_path
     lines = [f"Run '{run}' {how} at epoch {trainer.current_epoch}, step {trainer.global_step}."]
