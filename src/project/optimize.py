@@ -119,7 +119,7 @@ def write_split(index: ImageIndex, url: str, max_side: int | None, workers: int)
         chunk_bytes=CHUNK_BYTES,
         num_workers=min(workers, len(items)),
         reorder_files=False,  # the ids stay the positions in the split
-        start_method="fork",
+        start_method="spawn",  # workers forked from a process with running threads can deadlock
     )
     if shards.is_url(url):
         shards.check_uploaded(url)
