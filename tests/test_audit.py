@@ -27,6 +27,7 @@ from project.audit.folds import Recipe
 from project.audit.images import phash
 from project.audit.labels import find_label_issues
 from project.audit.report import chance_warning
+from project.audit.stop import Stopped, raise_if_stopped, stop_on_ctrl_c
 from project.audit.timing import CPU_BUDGET_S, StepTime, default_folds, plan_folds
 from project.data.shapes import CLASSES
 from project.errors import UserError
@@ -410,3 +411,25 @@ def test_the_first_ctrl_c_stops_the_audit_at_once_leaving_nothing_half_written(
     assert [p.name for p in run.iterdir()] == [".lock"]  # no audit/, no hidden staging folder
     assert not keep.exists() and list(tmp_path.glob(".keep.txt*")) == []
     assert fingerprint(data) == audited["before"]
+
+
+def test_a_ctrl_c_inside_a_del_is_kept_for_the_next_safe_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Raised in a `__del__` (a loader iterator collected between epochs), Python prints and drops it."""
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    class Collected:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs between these bytecodes
+                pass
+
+    with stop_on_ctrl_c():
+        Collected()  # collected at once, its __del__ signals
+        assert unraisable == []
+        with pytest.raises(Stopped):
+            raise_if_stopped()
+        with pytest.raises(Stopped):  # outside a __del__ the handler raises at once
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass

@@ -1,15 +1,16 @@
 """The first Ctrl-C stops the audit at once, with one line and no traceback.
 
 Lightning turns a KeyboardInterrupt inside `trainer.fit` into `sys.exit(1)` after ignoring every further
-Ctrl-C, and a KeyboardInterrupt while loader workers read images prints a traceback from each process.
-So the audit raises its own `Stopped`, a BaseException that Lightning passes on after its teardown (which
-stops the loader workers). An exception raised by a signal handler can be lost: when the signal lands in
-an at-fork hook or a `__del__` (a loader worker starting, say), Python prints "Exception ignored" and goes
-on. So the handler also records the request, and `raise_if_stopped` raises it again at safe points (every
-batch of the fold trainers, every chunk of images read). Processes forked while the handler is installed
-(loader workers, cleanlab's pool) inherit it and ignore the terminal's Ctrl-C: the main process stops
-them. Files appear whole or not at all (`atomic_folder`, `atomic_write`), so stopping anywhere leaves
-nothing half-written.
+Ctrl-C, and a KeyboardInterrupt while loader workers read images prints a traceback from each process. So
+the audit raises its own `Stopped`, a BaseException that Lightning passes on after its teardown (which stops
+the loader workers). An exception raised by a signal handler can be lost: when the signal lands in an
+at-fork hook or a `__del__` (a loader worker starting, say), Python prints "Exception ignored" and goes on.
+So the handler also records the request, and `raise_if_stopped` raises it again at safe points (every batch
+of the fold trainers, every chunk of images read). Inside a `__del__` (a loader iterator collected between
+epochs) the handler only records it: raising there would print that traceback. Processes forked while the
+handler is installed (loader workers, cleanlab's pool) inherit it and ignore the terminal's Ctrl-C: the main
+process stops them. Files appear whole or not at all (`atomic_folder`, `atomic_write`), so stopping anywhere
+leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ class StopPoint(Callback):
         raise_if_stopped()
 
 
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether the signal interrupted a `__del__`, where Python would print an exception and drop it."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextmanager
 def stop_on_ctrl_c() -> Iterator[None]:
     """Within the block, SIGINT raises `Stopped` (every time: a second Ctrl-C during the cleanup too)."""
@@ -61,7 +71,8 @@ def stop_on_ctrl_c() -> Iterator[None]:
         if os.getpid() != pid:  # a forked child: its parent stops it
             return
         _requested = True
-        raise Stopped
+        if not _in_finalizer(frame):  # else the next safe point raises
+            raise Stopped
 
     _requested = False
     signal.signal(signal.SIGINT, on_signal)
