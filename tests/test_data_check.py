@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from project.callbacks import DataCheck
-from project.callbacks.data_check import check_labels
+from project.callbacks.data_check import SHAPES_DEFAULTS, check_labels
 from project.errors import UserError
 from project.model import ImageClassifier
 from tests.helpers import TensorData, fast_args, run_cli, tiny_trainer
@@ -119,3 +122,68 @@ def test_multi_label_targets_are_checked_as_multi_hot_rows() -> None:
         check_labels(multi_hot[:, :3], 4, "The train split", multilabel=True)
     with pytest.raises(UserError, match=r"1 multi-label target\(s\) outside \[0, 1\]: \[2\]"):
         check_labels(multi_hot + torch.eye(2, 4, dtype=torch.uint8), 4, "The train split", multilabel=True)
+
+
+def photo_folder(root: Path, size: tuple[int, int]) -> Path:
+    """2 classes x 4 noise images of `size` in train/ and val/."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            (root / split / name).mkdir(parents=True)
+            for i in range(4):
+                pixels = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{i}.png")
+    return root
+
+
+def test_the_shapes_defaults_named_by_the_check_are_default_yamls() -> None:
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "default.yaml").read_text())
+    given = {
+        "image_size": config["data"]["image_size"],
+        "scale": tuple(config["data"]["scale"]),
+        "max_epochs": config["trainer"]["max_epochs"],
+    }
+    assert given == SHAPES_DEFAULTS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("size", "flags", "hint"),
+    [
+        ((200, 150), [], True),  # photos, the shapes defaults: pointed to the photo settings
+        ((200, 150), ["--config=configs/experiments/photos.yaml", "--trainer.max_epochs=2"], False),
+        ((100, 100), [], False),  # small images: the defaults fit them
+    ],
+    ids=["photos-defaults", "photos-settings", "small-defaults"],
+)
+def test_photos_trained_with_the_shapes_defaults_are_pointed_to_the_photo_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: tuple[int, int], flags: list[str], hint: bool
+) -> None:
+    root = photo_folder(tmp_path / "photos", size)
+    monkeypatch.chdir(tmp_path)  # configs/... resolves to the package's own
+    args = [
+        f"--data.root={root}",
+        "--data.batch_size=8",
+        "--data.num_workers=0",
+        "--model.backbone=resnet18",
+        "--trainer.limit_train_batches=1",
+        "--trainer.limit_val_batches=0",
+        "--trainer.enable_progress_bar=false",
+        "--export_best.enabled=false",
+        *flags,
+    ]  # default.yaml's image size, crops and 4 epochs unless flags say otherwise
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run_cli("fit", *args) == 0
+    found = [str(w.message) for w in caught if "look like photos" in str(w.message)]
+    if hint:
+        assert found == [
+            f"The training images look like photos (median {size[0]}x{size[1]} px, 8 sampled), but this run "
+            "uses the defaults tuned for the embedded shapes: 64 px inputs, crops of 70-100 % of the image, "
+            "4 "
+            "epochs; they waste most of the photos' detail. Fix: --config configs/experiments/photos.yaml "
+            '(measured on real photos: docs/training.md, "Photos"), or set --data.image_size, --data.scale '
+            "and --trainer.max_epochs yourself."
+        ]
+    else:
+        assert found == []

@@ -11,19 +11,24 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from PIL import Image
 from typing_extensions import override
 
 from project.errors import UserError
 from project.model import is_multilabel
 from project.terminal import printable
 
+# configs/default.yaml's settings for the embedded 64 px shapes (tests/test_data_check.py keeps them equal)
+SHAPES_DEFAULTS = {"image_size": 64, "scale": (0.7, 1.0), "max_epochs": 4}
+PHOTO_SAMPLE = 32  # training images whose size (header only) is read
+
 
 class DataCheck(Callback):
     """Class counts per split, then the first training batch: shape, dtype, value ranges and labels.
 
     Stops with one message on labels outside [0, num_classes), NaN/inf inputs or a constant batch;
-    warns on imbalanced or empty classes, and on a run too short to learn. Costs one look at a batch
-    that is trained on anyway.
+    warns on imbalanced or empty classes, on a run too short to learn, and on photos trained with the
+    shapes defaults. Costs one look at a batch that is trained on anyway, and the headers of 32 images.
     """
 
     def __init__(self, enabled: bool = True, imbalance_ratio: float = 3.0, min_steps: int = 100) -> None:
@@ -60,6 +65,8 @@ class DataCheck(Callback):
         balance = getattr(trainer.datamodule, "balance", "none")
         for split, index in splits.items():
             self._warn_imbalance(split, index.class_counts(), balance if split == "train" else None)
+        if "train" in splits:
+            warn_photos_with_shapes_defaults(trainer, splits["train"])
 
     def _warn_short_run(self, trainer: L.Trainer) -> None:
         """A run of a few optimizer steps (a small folder, a large batch, few epochs) ends where it began."""
@@ -125,6 +132,39 @@ class DataCheck(Callback):
         table = batch_table(images, labels, num_classes)
         rank_zero_info(table)
         log_text(trainer, "data_check/first_batch", table)
+
+
+def warn_photos_with_shapes_defaults(trainer: L.Trainer, index: Any) -> None:
+    """Photos (a short side of 128 px or more) trained with the 64 px shapes defaults lose most of their
+    detail, and a newcomer would not know which setting matters: point to the photo settings."""
+    datamodule = trainer.datamodule
+    scale = tuple(getattr(datamodule, "hparams", {}).get("scale", ()))
+    used = {
+        "image_size": getattr(datamodule, "image_size", None),
+        "scale": scale,
+        "max_epochs": trainer.max_epochs,
+    }
+    if used != SHAPES_DEFAULTS or len(index) == 0:
+        return
+    sizes = []
+    for i in np.linspace(0, len(index) - 1, min(PHOTO_SAMPLE, len(index))).astype(int):
+        try:
+            with Image.open(index.path(int(i))) as image:  # reads the header only
+                sizes.append(image.size)
+        except OSError:
+            continue  # unreadable files are reported by the loader, with their names
+    if not sizes:
+        return
+    width, height = (int(np.median([size[axis] for size in sizes])) for axis in (0, 1))
+    if min(width, height) < 2 * SHAPES_DEFAULTS["image_size"]:
+        return
+    rank_zero_warn(
+        f"The training images look like photos (median {width}x{height} px, {len(sizes)} sampled), but this "
+        "run uses the defaults tuned for the embedded shapes: 64 px inputs, crops of 70-100 % of the image, "
+        "4 epochs; they waste most of the photos' detail. Fix: --config configs/experiments/photos.yaml "
+        '(measured on real photos: docs/training.md, "Photos"), or set --data.image_size, --data.scale and '
+        "--trainer.max_epochs yourself."
+    )
 
 
 def check_labels(

@@ -1,0 +1,52 @@
+"""Ultralytics YOLO classification on train/ and val/ folders, the documented way; one line an epoch.
+
+    python bench/peer_yolo.py ROOT --size 128 --epochs 12 --seed 0 --out DIR
+
+Run by bench/peers.py in an environment with ultralytics (not a dependency of the project): the model
+built from `yolo11n-cls.yaml` (from scratch: no weights can be downloaded here), then `model.train` on
+the folder (what `yolo classify train data=ROOT model=yolo11n-cls.yaml` does) with its defaults, on
+the CPU, plots off (they would fetch a font). Prints `epoch N acc X` after each validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ultralytics import YOLO
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root")
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--epochs", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    model = YOLO("yolo11n-cls.yaml")
+
+    def print_epoch(trainer: object) -> None:
+        accuracy = trainer.metrics.get("metrics/accuracy_top1")  # type: ignore[attr-defined]
+        print(f"epoch {trainer.epoch + 1} acc {accuracy:.4f}", flush=True)  # type: ignore[attr-defined]
+
+    model.add_callback("on_fit_epoch_end", print_epoch)
+    model.train(
+        data=args.root,
+        epochs=args.epochs,
+        imgsz=args.size,
+        seed=args.seed,
+        workers=args.workers,
+        device="cpu",
+        pretrained=False,
+        plots=False,
+        amp=False,
+        project=args.out,
+        name="run",
+        exist_ok=True,
+        verbose=False,
+    )
+
+
+if __name__ == "__main__":
+    main()
