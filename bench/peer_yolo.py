@@ -5,7 +5,8 @@
 Run by bench/peers.py in an environment with ultralytics (not a dependency of the project): the model
 built from `yolo11n-cls.yaml` (from scratch: no weights can be downloaded here), then `model.train` on
 the folder (what `yolo classify train data=ROOT model=yolo11n-cls.yaml` does) with its defaults, on
-the CPU, plots off (they would fetch a font). Prints `epoch N acc X` after each validation.
+the CPU, plots off (they would fetch a font); `--hours` is its `time=` budget, which re-plans the
+epochs to the pace measured as it trains. Prints `epoch N acc X` after each validation.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--hours", type=float, default=0.0, help="time budget; re-plans epochs")
     args = parser.parse_args()
     model = YOLO("yolo11n-cls.yaml")
 
@@ -34,6 +36,7 @@ def main() -> None:
     model.train(
         data=args.root,
         epochs=args.epochs,
+        time=args.hours or None,
         imgsz=args.size,
         seed=args.seed,
         workers=args.workers,

@@ -8,15 +8,18 @@ Every tool trains from scratch (no weights can be downloaded here) on the same t
 wall-clock budget on the same machine, run the way its documentation trains an image classifier:
 
     photos   this template: `fit --config configs/experiments/photos.yaml`
-    shapes   this template with its defaults (tuned for the embedded shapes) at the same image size
+    shapes   (not by default) the template's defaults, tuned for the embedded shapes, at the same size
     timm     timm's `train.py` (from its repository; not in the pip package) with its defaults for
              resnet18: SGD, 5 warm-up epochs, cosine, label smoothing 0.1, batch 128
     fastai   bench/peer_fastai.py: `vision_learner(resnet18, pretrained=False)` + `fit_one_cycle`
     yolo     bench/peer_yolo.py: Ultralytics `yolo11n-cls.yaml`, `model.train` with its defaults
 
-Each run's epochs are set so that it ends within the budget: a one-epoch probe per arm measures its
-start-up plus one epoch (t1), and the run gets floor(budget / t1) epochs (a schedule that ends at the
-budget, as a user with that budget would set it). A run still going at 1.15x the budget is stopped.
+The template and YOLO take a time budget themselves (`--trainer.max_time` with `--trainer.max_epochs=-1`;
+`time=` in hours), and re-plan their schedules to the pace measured as they train; they get the
+budget less 20 s of start-up. timm and fastai take epochs: a two-epoch probe measures each one's
+start-up and steady epoch time, and its runs get as many epochs as fit the budget after the start-up
+(a schedule that ends at the budget, as a user with that budget would set it; `--epochs ARM=N` skips
+the probe). A run still going at 1.15x the budget is stopped.
 Runs alternate (every arm for seed 0, then every arm for seed 1). Each epoch's validation accuracy is
 stamped with the seconds since its process started. Prints every curve, then per arm the mean final
 accuracy, the best peer, and for the template the time to reach the best peer's final accuracy as a
@@ -40,9 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-EPOCH = re.compile(r"^epoch (\d+)(?:/\d+)?:? .*?(?:val/acc|acc) (\d\.\d+)")
+EPOCH = re.compile(r"^epoch (\d+)(?:/\S+)?:? .*?(?:val/acc|acc) (\d\.\d+)")
 TIMM_TEST = re.compile(r"Test: \[\s*(\d+)/(\d+)\].*Acc@1:\s*[\d.]+\s*\(\s*([\d.]+)\)")
 PEERS = ("timm", "fastai", "yolo")
+TIMED = ("photos", "yolo")  # take a time budget themselves: no probe, no epoch count
+START_UP = 20  # seconds before training starts (imports, indexing the folder): not in a tool's own budget
 
 
 @dataclass
@@ -66,9 +71,16 @@ def command(arm: str, args: argparse.Namespace, epochs: int, seed: int, work: Pa
     root, size = str(args.root), str(args.size)
     if arm in ("photos", "shapes"):
         config = ["--config", str(REPO / "configs/experiments/photos.yaml")] if arm == "photos" else []
+        length = [f"--trainer.max_epochs={epochs}"]
+        if arm == "photos":  # the budget, as the template takes one: the schedule follows the pace
+            seconds = int(args.budget - START_UP)
+            length = [
+                "--trainer.max_epochs=-1",
+                f"--trainer.max_time=00:00:{seconds // 60:02d}:{seconds % 60:02d}",
+            ]
         return [
             sys.executable, "-m", "project", "fit", *config, f"--data.root={root}",
-            f"--data.image_size={size}", f"--trainer.max_epochs={epochs}", f"--seed_everything={seed}",
+            f"--data.image_size={size}", *length, f"--seed_everything={seed}",
             f"--data.num_workers={args.workers}", "--export_best.enabled=false", f"--name={arm}-{seed}",
         ]  # fmt: skip
     if arm == "timm":
@@ -79,7 +91,11 @@ def command(arm: str, args: argparse.Namespace, epochs: int, seed: int, work: Pa
             "--device", "cpu", "--output", str(work / "timm"), "--log-interval", "1000",
         ]  # fmt: skip
     driver = REPO / "bench" / f"peer_{arm}.py"
-    extra = ["--out", str(work / "yolo")] if arm == "yolo" else []
+    extra = (
+        ["--out", str(work / "yolo"), "--hours", f"{(args.budget - START_UP) / 3600:.6f}"]
+        if arm == "yolo"
+        else []
+    )
     common = ["--size", size, "--epochs", str(epochs), "--seed", str(seed), "--workers", str(args.workers)]
     return [args.peers_python, str(driver), root, *common, *extra]
 
@@ -110,23 +126,31 @@ def run(arm: str, args: argparse.Namespace, epochs: int, seed: int, limit: float
             command(arm, args, epochs, seed, work), cwd=work, env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        assert process.stdout is not None
-        tail: list[str] = []
-        for line in process.stdout:
-            now = time.monotonic() - started
-            tail = [*tail[-40:], line]
-            accuracy = parse(arm, line.strip())
-            if accuracy is not None:
-                curve.points.append((now, accuracy))
-            if now > limit and process.poll() is None:
-                curve.stopped = True
-                os.killpg(process.pid, 9)
-                break
+        try:
+            lines = read_lines(process, curve, started, limit)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, 9)  # its own session: ending this process would not end it
         process.wait()
         curve.seconds = time.monotonic() - started
         if process.returncode and not curve.stopped:
-            sys.exit(f"{arm} failed ({process.returncode}):\n{''.join(tail)}")
+            sys.exit(f"{arm} failed ({process.returncode}):\n{''.join(lines)}")
     return curve
+
+
+def read_lines(process: subprocess.Popen, curve: Curve, started: float, limit: float) -> list[str]:
+    """Stamp each accuracy line of `process` into `curve`; stop it past `limit` s. Its last lines."""
+    tail: list[str] = []
+    for line in process.stdout:
+        now = time.monotonic() - started
+        tail = [*tail[-40:], line]
+        accuracy = parse(curve.arm, line.strip())
+        if accuracy is not None:
+            curve.points.append((now, accuracy))
+        if now > limit:
+            curve.stopped = True
+            break
+    return tail
 
 
 def main() -> None:
@@ -139,10 +163,14 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--arms", nargs="+", default=["photos", "timm", "fastai", "yolo", "shapes"])
+    parser.add_argument("--arms", nargs="+", default=["photos", "timm", "fastai", "yolo"])
     parser.add_argument("--plot", type=Path, help="a PNG of accuracy against time (needs matplotlib)")
     parser.add_argument("--json", type=Path, help="write every curve here")
+    parser.add_argument(
+        "--epochs", nargs="*", default=[], metavar="ARM=N", help="an arm's epochs instead of its probe's"
+    )
     args = parser.parse_args()
+    args.epochs = {arm: int(n) for arm, n in (item.split("=") for item in args.epochs)}
     if "timm" in args.arms and not args.timm_train:
         parser.error(
             "--timm-train: the timm arm needs timm's train.py (github.com/huggingface/pytorch-image-models)"
@@ -151,16 +179,17 @@ def main() -> None:
         f"{args.root}: budget {args.budget:.0f} s, {args.size} px, seeds {args.seeds}, arms {args.arms}",
         flush=True,
     )
-    epochs = {}
-    for arm in args.arms:
-        probe = run(arm, args, 1, args.seeds[0], args.budget)
-        first = probe.points[0][0] if probe.points else probe.seconds
-        epochs[arm] = max(1, int(args.budget // first))
-        print(f"probe {arm}: start-up + 1 epoch {first:.1f} s -> {epochs[arm]} epochs")
+    epochs = {arm: args.epochs[arm] for arm in args.arms if arm in args.epochs}
+    for arm in [arm for arm in args.arms if arm not in epochs and arm not in TIMED]:
+        probe = run(arm, args, 2, args.seeds[0], args.budget)
+        (first, _), (second, _) = probe.points[:2]
+        epoch = second - first  # steady: the first epoch also pays the start-up
+        epochs[arm] = max(1, int((args.budget - (first - epoch)) // epoch))
+        print(f"probe {arm}: start-up {first - epoch:.1f} s, an epoch {epoch:.1f} s -> {epochs[arm]} epochs")
     curves: list[Curve] = []
     for seed in args.seeds:
         for arm in args.arms:
-            curve = run(arm, args, epochs[arm], seed, args.budget * 1.15)
+            curve = run(arm, args, epochs.get(arm, 0), seed, args.budget * 1.15)
             curves.append(curve)
             points = "  ".join(f"{s:.0f}s:{a:.3f}" for s, a in curve.points)
             note = " (stopped at 1.15x the budget)" if curve.stopped else ""

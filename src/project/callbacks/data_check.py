@@ -18,7 +18,7 @@ from project.errors import UserError
 from project.model import is_multilabel
 from project.terminal import printable
 
-# configs/default.yaml's settings for the embedded 64 px shapes (tests/test_data_check.py keeps them equal)
+# configs/default.yaml's settings as shipped, tuned for the embedded 64 px shapes
 SHAPES_DEFAULTS = {"image_size": 64, "scale": (0.7, 1.0), "max_epochs": 4}
 PHOTO_SAMPLE = 32  # training images whose size (header only) is read
 
