@@ -160,6 +160,21 @@ def test_a_planted_pickle_in_the_hub_cache_runs_nothing(offline_hub: Path, tmp_p
     assert not marker.exists()
 
 
+def test_a_truncated_file_in_the_hub_cache_is_one_message_naming_it(offline_hub: Path) -> None:
+    repo = offline_hub / "models--timm--resnet18.a1_in1k"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    truncated = repo / "snapshots" / ("0" * 40) / "pytorch_model.bin"
+    truncated.parent.mkdir(parents=True)
+    torch.save({"conv1.weight": torch.zeros(3)}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    with pytest.raises(UserError) as error:
+        build_backbone("timm/resnet18", 3, weights="DEFAULT")
+    message = str(error.value)
+    assert message.startswith(f"Cannot read the cached weights '{truncated}' (resnet18.a1_in1k): ")
+    assert message.endswith("Fix: delete that file (it is downloaded again), or put the genuine file there.")
+
+
 def test_layer_decay_groups_follow_the_models_own_blocks() -> None:
     net = build_backbone("timm/resnet18", 3)
     groups = depth_groups(net, 0.5)
