@@ -259,6 +259,31 @@ def test_each_family_trains_a_step_and_exports_to_onnx_that_agrees(backbone: str
     np.testing.assert_allclose(onnx_logits, eager, atol=1e-4, rtol=1e-3)
 
 
+def test_sync_batchnorm_keeps_the_activation_of_timms_norm_layers() -> None:
+    """--trainer.sync_batchnorm=true: EfficientNet's BatchNormAct2d layers still apply their SiLU."""
+    from lightning.pytorch.strategies import DDPStrategy
+    from timm.layers import BatchNormAct2d, SyncBatchNormAct
+
+    from project.trainer import Trainer
+
+    trainer = Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", sync_batchnorm=True, logger=False, barebones=True
+    )
+    assert isinstance(trainer.strategy, DDPStrategy)
+    layer_sync = trainer.strategy._layer_sync
+    torch.manual_seed(0)
+    net = build_backbone("timm/test_efficientnet", 3).eval()
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = net(images)
+        synced = layer_sync.apply(net)  # what DDP trains (in eval mode a SyncBatchNorm needs no group)
+        assert sum(isinstance(m, SyncBatchNormAct) for m in synced.modules()) == 13
+        torch.testing.assert_close(synced(images), expected, rtol=0, atol=0)
+        reverted = layer_sync.revert(synced)  # what the process holds after fit
+        assert sum(type(m) is BatchNormAct2d for m in reverted.modules()) == 13
+        torch.testing.assert_close(reverted(images), expected, rtol=0, atol=0)
+
+
 def test_head_of_a_timm_model_is_its_classifier() -> None:
     net = build_backbone("timm/convnext_nano", 5)
     assert head_of(net) is net.head.fc and isinstance(head_of(net), nn.Linear)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.plugins import LayerSync
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
@@ -18,6 +19,7 @@ from project import memory_budget, tuning
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
 from project.errors import UserError
 from project.export import export_checkpoint, validation_images
+from project.sync_batchnorm import SyncBatchNorm
 
 
 class Trainer(L.Trainer):
@@ -31,7 +33,10 @@ class Trainer(L.Trainer):
         plugins = kwargs.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):  # a user's own CheckpointIO wins
-            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+            plugins.append(AtomicCheckpointIO())
+        if kwargs.get("sync_batchnorm") and not any(isinstance(p, LayerSync) for p in plugins):
+            plugins.append(SyncBatchNorm())  # keeps timm's norm + activation layers whole
+        kwargs["plugins"] = plugins
         super().__init__(*args, **kwargs)
         checkpoint_io = self.strategy.checkpoint_io
         if isinstance(checkpoint_io, AtomicCheckpointIO):  # it removes files in these folders only
