@@ -3,6 +3,9 @@ and every feature built on the backbone (freeze, layer decay, Grad-CAM, export).
 
 from __future__ import annotations
 
+import csv
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from project.errors import UserError
 from project.finetune import depth_groups
 from project.model import ImageClassifier
 from project.models import main as models_main
+from tests.helpers import DECODER_BOUND, fast_args, run_cli
 from tests.test_checkpoint_io import RunsCode
 
 timm = pytest.importorskip("timm")
@@ -300,3 +304,121 @@ def test_the_command_line_takes_the_backbones_crop_unless_given(shapes_root: Pat
     assert cli.model.hparams.mean == (0.5, 0.5, 0.5)
     cli = ProjectCLI(args=["memory", *args, "--data.crop_ratio=0.8", "--model.mean=[0.4,0.4,0.4]"])
     assert cli.datamodule.crop_ratio == 0.8 and cli.model.hparams.mean == (0.4, 0.4, 0.4)
+
+
+# Every command on one tiny timm model: timm's test EfficientNet (0.1 M parameters, built from scratch),
+# whose BatchNormAct2d layers fuse the norm and its activation, as in EfficientNet, MobileNet and RegNet.
+TINY = "timm/test_efficientnet"
+
+
+def timm_args(root: Path, *extra: str) -> list[str]:
+    return fast_args(root, f"--model.backbone={TINY}", "--model.weights=null", *extra)
+
+
+def kept_state(checkpoint: Path) -> dict:
+    """What a resume restores: weights, EMA, optimizer, schedule and loop state."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    keys = ("epoch", "global_step", "state_dict", "current_model_state", "averaging_state")
+    return {k: saved[k] for k in (*keys, "optimizer_states", "lr_schedulers", "loops")}
+
+
+@pytest.fixture(scope="session")
+def timm_run(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path:
+    """Run `timm`: 2 epochs with an EMA, every epoch's checkpoint kept, exported at the end (calibrated,
+    int8); run `resumed`: the same from the first epoch's checkpoint. Returns the work folder."""
+    work = tmp_path_factory.mktemp("timm-run")
+    args = timm_args(shapes_root, "--ema.decay=0.9", "--trainer.max_epochs=2", "--checkpoint.save_top_k=-1")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)
+        exported = ["--export_best.enabled=true", "--export_best.quantize=int8"]
+        assert run_cli("fit", *args, "--name=timm", *exported) == 0
+        (work / "checkpoints" / "resumed").mkdir()
+        first = next((work / "checkpoints" / "timm").glob("epoch=000-*.ckpt"))
+        shutil.copy(first, work / "checkpoints" / "resumed" / "last.ckpt")
+        assert run_cli("fit", *args, "--name=resumed", "--ckpt_path=last") == 0
+    return work
+
+
+@pytest.mark.slow
+def test_a_timm_run_resumed_from_last_ckpt_ends_as_the_uninterrupted_run(timm_run: Path) -> None:
+    whole = kept_state(timm_run / "checkpoints" / "timm" / "last.ckpt")
+    resumed = kept_state(timm_run / "checkpoints" / "resumed" / "last.ckpt")
+    assert (whole["epoch"], whole["global_step"]) == (1, 6)
+    assert int(whole["optimizer_states"][0]["state"][0]["step"]) == 6  # AdamW's moments went on
+    assert whole["lr_schedulers"][0]["last_epoch"] == 6
+    torch.testing.assert_close(resumed, whole, rtol=0, atol=0)  # bit for bit
+
+
+@pytest.mark.slow
+def test_a_timm_runs_ema_is_validated_and_reproduced_from_the_checkpoint(timm_run: Path, monkeypatch) -> None:
+    from project.cli import ProjectCLI
+
+    last = torch.load(timm_run / "checkpoints" / "timm" / "last.ckpt", weights_only=True)
+    assert int(last["averaging_state"]["n_averaged"]) == last["global_step"] == 6
+    average, current = last["state_dict"], last["current_model_state"]
+    assert not torch.equal(average["net.classifier.weight"], current["net.classifier.weight"])
+    assert not torch.equal(average["net.bn1.running_mean"], current["net.bn1.running_mean"])
+    monkeypatch.chdir(timm_run)
+    for checkpoint in (timm_run / "checkpoints" / "timm").glob("epoch=*.ckpt"):
+        (state,) = [s for k, s in saved(checkpoint)["callbacks"].items() if k.startswith("ModelCheckpoint")]
+        cli = ProjectCLI(args=["validate", f"--ckpt_path={checkpoint}", "--data.num_workers=0"])
+        assert float(cli.trainer.callback_metrics["val/acc"]) == float(state["current_score"]), checkpoint
+
+
+def saved(checkpoint: Path) -> dict:
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)
+
+
+def answers(path: Path) -> dict[str, dict]:
+    with open(path, newline="") as f:
+        return {Path(*Path(row["file"]).parts[-2:]): row for row in csv.DictReader(f)}  # class/name
+
+
+@pytest.mark.slow
+def test_a_timm_export_is_calibrated_and_predict_infer_and_int8_agree(
+    timm_run: Path, shapes_root: Path, tmp_path: Path, workdir: Path
+) -> None:
+    from project.deploy.classifier import Classifier
+    from project.deploy.infer import main as infer_main
+
+    run = timm_run / "checkpoints" / "timm"
+    meta = json.loads((run / "latest.json").read_text())
+    assert meta["pretrained_config"]["interpolation"] == "bicubic" and meta["verification"]["passed"]
+    assert 0.05 < meta["temperature"] < 20 and meta["unknown_threshold"] is not None
+    images = shapes_root / "train"  # not the validation images the threshold was set on
+    predicted, inferred = tmp_path / "predict.csv", tmp_path / "infer.csv"
+    checkpoint = meta["source_checkpoint"]["path"]
+    flags = [f"--ckpt_path={checkpoint}", f"--data.predict_dir={images}", "--data.num_workers=0"]
+    flags += [f"--predictions.output={predicted}", "--predictions.unknown_accept=0.5"]
+    assert run_cli("predict", *flags, "--trainer.logger=false") == 0
+    infer_main(
+        [
+            "--model",
+            str(run / "latest.onnx"),
+            "--unknown_accept",
+            "0.5",
+            "--output",
+            str(inferred),
+            str(images),
+        ]
+    )
+    by_predict, by_infer = answers(predicted), answers(inferred)
+    assert len(by_infer) == 48 and by_predict.keys() == by_infer.keys()
+    unknown = sum(row["class_name"] == "unknown" for row in by_infer.values())
+    assert 0 < unknown < 48  # the threshold at half the validation images answers some `unknown`
+    for name, row in by_infer.items():
+        assert by_predict[name]["class_name"] == row["class_name"], name
+        assert float(by_predict[name]["top1_probability"]) == pytest.approx(
+            float(row["top1_probability"]), abs=DECODER_BOUND
+        )
+    # int8: near chance after 6 steps, the top two classes are often close: the probabilities agree
+    int8 = json.loads((run / "latest-int8.json").read_text())
+    assert int8["validation_images"] == 24 and int8["agreement"] >= 0.5
+    files = sorted(images.rglob("*.jpg"))
+    floats, quantized = (
+        list(Classifier(run / name).classify(files, top_k=6)) for name in ("latest.onnx", "latest-int8.onnx")
+    )
+    for f, q in zip(floats, quantized, strict=True):
+        expected = dict(zip(f.names, f.probabilities, strict=True))
+        assert max(abs(expected[c] - p) for c, p in zip(q.names, q.probabilities, strict=True)) < 0.1
+    assert sum(f.names[0] == q.names[0] for f, q in zip(floats, quantized, strict=True)) >= 0.75 * len(files)
