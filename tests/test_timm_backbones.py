@@ -422,3 +422,50 @@ def test_a_timm_export_is_calibrated_and_predict_infer_and_int8_agree(
         expected = dict(zip(f.names, f.probabilities, strict=True))
         assert max(abs(expected[c] - p) for c, p in zip(q.names, q.probabilities, strict=True)) < 0.1
     assert sum(f.names[0] == q.names[0] for f, q in zip(floats, quantized, strict=True)) >= 0.75 * len(files)
+
+
+@pytest.mark.slow
+def test_memory_and_lr_find_measure_a_timm_model(
+    workdir: Path, shapes_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_memory_budget import MiB, budget_of
+
+    assert run_cli("memory", *timm_args(shapes_root)) == 0
+    out = capsys.readouterr().out
+    params = sum(
+        p.numel() for p in ImageClassifier(num_classes=6, backbone=TINY, scheduler=None).parameters()
+    )
+    assert f"{params / 1e6:.2f} M parameters" in out
+    assert budget_of(out)["gradients"] == pytest.approx(params * 4 / MiB, abs=0.05)  # printed to 0.1
+    finder = ["--name=probe", "--num_training=14", "--max_lr=0.05", "--data.batch_size=4"]
+    assert run_cli("lr_find", *timm_args(shapes_root, *finder)) == 0
+    out = capsys.readouterr().out
+    lr = float(out.split("Suggested learning rate: ")[1].split()[0])
+    assert 1e-6 <= lr <= 0.05
+    fit = next(line for line in out.splitlines() if line.startswith("Use it: "))
+    assert f"--model.backbone={TINY}" in fit and fit.endswith(f"--model.optimizer.init_args.lr={lr:.2g}")
+    assert (workdir / "logs" / "probe" / "lr_find.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_a_timm_model_trains_under_ddp_and_its_checkpoint_validates_alike_on_one_cpu(
+    tmp_path: Path, shapes_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 CPU processes (gloo; torch's SyncBatchNorm needs GPUs, so --trainer.sync_batchnorm is
+    test_sync_batchnorm_keeps_the_activation_of_timms_norm_layers's): the val/loss DDP measured at the
+    end of its epoch is the one its checkpoint gives in one process."""
+    from project.cli import ProjectCLI
+    from tests.test_distributed import DDP, project
+
+    flags = ["--name=ddp", "--trainer.devices=2", "--checkpoint.monitor=val/loss", "--checkpoint.mode=min"]
+    result = project(tmp_path, "fit", *DDP, *timm_args(shapes_root, *flags))
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = tmp_path / "checkpoints" / "ddp" / "last.ckpt"
+    state = saved(checkpoint)
+    assert state["hyper_parameters"]["backbone"] == TINY
+    assert (state["epoch"], state["global_step"]) == (0, 1)  # 24 images per rank: one full batch of 16
+    (selection,) = [s for k, s in state["callbacks"].items() if k.startswith("ModelCheckpoint")]
+    monkeypatch.chdir(tmp_path)
+    cli = ProjectCLI(args=["validate", f"--ckpt_path={checkpoint}", "--data.num_workers=0"])
+    measured = float(cli.trainer.callback_metrics["val/loss"])
+    assert measured == pytest.approx(float(selection["current_score"]), rel=1e-5)
