@@ -265,16 +265,14 @@ def test_each_family_trains_a_step_and_exports_to_onnx_that_agrees(backbone: str
 
 def test_sync_batchnorm_keeps_the_activation_of_timms_norm_layers() -> None:
     """--trainer.sync_batchnorm=true: EfficientNet's BatchNormAct2d layers still apply their SiLU."""
-    from lightning.pytorch.strategies import DDPStrategy
     from timm.layers import BatchNormAct2d, SyncBatchNormAct
 
+    from project.sync_batchnorm import SyncBatchNorm
     from project.trainer import Trainer
 
-    trainer = Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", sync_batchnorm=True, logger=False, barebones=True
-    )
-    assert isinstance(trainer.strategy, DDPStrategy)
-    layer_sync = trainer.strategy._layer_sync
+    trainer = Trainer(accelerator="cpu", devices=1, sync_batchnorm=True, logger=False, barebones=True)
+    layer_sync = trainer._accelerator_connector._layer_sync  # what a DDP strategy on GPUs applies
+    assert isinstance(layer_sync, SyncBatchNorm)
     torch.manual_seed(0)
     net = build_backbone("timm/test_efficientnet", 3).eval()
     images = torch.randn(2, 3, 32, 32)
@@ -286,6 +284,18 @@ def test_sync_batchnorm_keeps_the_activation_of_timms_norm_layers() -> None:
         reverted = layer_sync.revert(synced)  # what the process holds after fit
         assert sum(type(m) is BatchNormAct2d for m in reverted.modules()) == 13
         torch.testing.assert_close(reverted(images), expected, rtol=0, atol=0)
+
+
+def test_sync_batchnorm_on_cpu_processes_is_one_message() -> None:
+    from project.trainer import Trainer
+
+    with pytest.raises(UserError) as error:
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", sync_batchnorm=True, logger=False)
+    assert str(error.value).startswith(
+        "--trainer.sync_batchnorm=true needs GPUs: torch's SyncBatchNorm does not run in CPU processes "
+        "(this run: 2 CPU process(es), strategy DDPStrategy)."
+    )
+    assert "Fix: drop --trainer.sync_batchnorm" in str(error.value)
 
 
 def test_head_of_a_timm_model_is_its_classifier() -> None:

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.plugins import LayerSync
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
@@ -38,6 +40,8 @@ class Trainer(L.Trainer):
             plugins.append(SyncBatchNorm())  # keeps timm's norm + activation layers whole
         kwargs["plugins"] = plugins
         super().__init__(*args, **kwargs)
+        if kwargs.get("sync_batchnorm") and isinstance(self.strategy, DDPStrategy):
+            _refuse_sync_batchnorm_on_cpu(self)
         checkpoint_io = self.strategy.checkpoint_io
         if isinstance(checkpoint_io, AtomicCheckpointIO):  # it removes files in these folders only
             checkpoint_io.folders = self.checkpoint_folders
@@ -151,6 +155,18 @@ class Trainer(L.Trainer):
         )
         print(
             "Exported " + "\n         ".join(str(path) for path in [*result.files.values(), result.sidecar])
+        )
+
+
+def _refuse_sync_batchnorm_on_cpu(trainer: L.Trainer) -> None:
+    # torch's DistributedDataParallel raises "SyncBatchNorm layers only work with GPU modules" from
+    # deep inside each process once training starts: said here, once, before anything runs
+    if isinstance(trainer.accelerator, CPUAccelerator):
+        raise UserError(
+            f"--trainer.sync_batchnorm=true needs GPUs: torch's SyncBatchNorm does not run in CPU processes "
+            f"(this run: {trainer.world_size} CPU process(es), strategy {type(trainer.strategy).__name__}).",
+            "drop --trainer.sync_batchnorm (each process then normalizes over its own batch), or train on "
+            "GPUs (--trainer.accelerator=gpu).",
         )
 
 
