@@ -304,16 +304,26 @@ def test_head_of_a_timm_model_is_its_classifier() -> None:
 
 
 @pytest.mark.slow
-def test_the_command_line_takes_the_backbones_crop_unless_given(shapes_root: Path) -> None:
+def test_the_command_line_takes_the_backbones_crop_and_filter_unless_given(shapes_root: Path) -> None:
+    from torchvision.transforms import InterpolationMode
+
     from project.cli import ProjectCLI
     from tests.helpers import fast_args
 
     args = fast_args(shapes_root, "--model.backbone=timm/test_vit")
-    cli = ProjectCLI(args=["memory", *args])  # timm's test_vit: crop_pct 0.95, mean and std 0.5
+    cli = ProjectCLI(args=["memory", *args])  # timm's test_vit: crop_pct 0.95, bicubic, mean and std 0.5
     assert cli.datamodule.crop_ratio == 0.95 and cli.datamodule.hparams.crop_ratio == 0.95
+    assert cli.datamodule.hparams.interpolation == "bicubic"
+    assert cli.datamodule.eval_transform.transforms[0].interpolation == InterpolationMode.BICUBIC
+    assert cli.datamodule.train_transform.transforms[0].interpolation == InterpolationMode.BICUBIC
+    assert cli.datamodule.train_batch_transform.interpolation == "bicubic"
     assert cli.model.hparams.mean == (0.5, 0.5, 0.5)
-    cli = ProjectCLI(args=["memory", *args, "--data.crop_ratio=0.8", "--model.mean=[0.4,0.4,0.4]"])
+    given = ["--data.crop_ratio=0.8", "--model.mean=[0.4,0.4,0.4]", "--data.interpolation=bilinear"]
+    cli = ProjectCLI(args=["memory", *args, *given])
     assert cli.datamodule.crop_ratio == 0.8 and cli.model.hparams.mean == (0.4, 0.4, 0.4)
+    assert cli.datamodule.eval_transform.transforms[0].interpolation == InterpolationMode.BILINEAR
+    cli = ProjectCLI(args=["memory", *fast_args(shapes_root)])  # torchvision's resnet18
+    assert cli.datamodule.hparams.interpolation == "bilinear"
 
 
 # Every command on one tiny timm model: timm's test EfficientNet (0.1 M parameters, built from scratch),
@@ -385,15 +395,20 @@ def answers(path: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_a_timm_export_is_calibrated_and_predict_infer_and_int8_agree(
+def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
     timm_run: Path, shapes_root: Path, tmp_path: Path, workdir: Path
 ) -> None:
+    """The model's own filter (test_efficientnet's pretrained config: bicubic) everywhere, calibrated."""
     from project.deploy.classifier import Classifier
     from project.deploy.infer import main as infer_main
+    from project.deploy.serve.models import load_model
+    from project.deploy.serve.predictions import Prepared, answer, run_batch
 
     run = timm_run / "checkpoints" / "timm"
     meta = json.loads((run / "latest.json").read_text())
     assert meta["pretrained_config"]["interpolation"] == "bicubic" and meta["verification"]["passed"]
+    assert meta["preprocessing"]["interpolation"] == "bicubic" and meta["version"] == 2
+    assert saved(run / "last.ckpt")["datamodule_hyper_parameters"]["interpolation"] == "bicubic"
     assert 0.05 < meta["temperature"] < 20 and meta["unknown_threshold"] is not None
     images = shapes_root / "train"  # not the validation images the threshold was set on
     predicted, inferred = tmp_path / "predict.csv", tmp_path / "infer.csv"
@@ -416,10 +431,17 @@ def test_a_timm_export_is_calibrated_and_predict_infer_and_int8_agree(
     assert len(by_infer) == 48 and by_predict.keys() == by_infer.keys()
     unknown = sum(row["class_name"] == "unknown" for row in by_infer.values())
     assert 0 < unknown < 48  # the threshold at half the validation images answers some `unknown`
+    served_model = load_model(run / "latest.onnx", unknown_accept=0.5)
     for name, row in by_infer.items():
         assert by_predict[name]["class_name"] == row["class_name"], name
         assert float(by_predict[name]["top1_probability"]) == pytest.approx(
             float(row["top1_probability"]), abs=DECODER_BOUND
+        )
+        pixels = served_model.classifier.preprocess(images / name)
+        served = answer(served_model, run_batch([Prepared(served_model, pixels, 32, 32, None)])[0][0], 1, 1)
+        assert served["class_name"] == row["class_name"], name
+        assert served["predictions"][0]["probability"] == pytest.approx(
+            float(row["top1_probability"]), abs=1e-6
         )
     # int8: near chance after 6 steps, the top two classes are often close: the probabilities agree
     int8 = json.loads((run / "latest-int8.json").read_text())
@@ -479,3 +501,37 @@ def test_a_timm_model_trains_under_ddp_and_its_checkpoint_validates_alike_on_one
     cli = ProjectCLI(args=["validate", f"--ckpt_path={checkpoint}", "--data.num_workers=0"])
     measured = float(cli.trainer.callback_metrics["val/loss"])
     assert measured == pytest.approx(float(selection["current_score"]), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_infer_and_serve_resize_as_training_evaluates_with_the_models_filter(
+    timm_run: Path, shapes_root: Path, tmp_path: Path
+) -> None:
+    """Pillow's bicubic (infer, serve) against torchvision's (validate, predict), enlarging (the 32 px
+    shapes to 34 before the crop) and shrinking (a 300x200 image): within the two decoders' bound,
+    while bilinear pixels differ by far more."""
+    from PIL import Image
+
+    from project.data.decode import load_rgb
+    from project.data.transforms import eval_transform
+    from project.deploy.classifier import Classifier
+
+    classifier = Classifier(timm_run / "checkpoints" / "timm" / "latest.onnx")
+    rng = np.random.default_rng(0)
+    large = tmp_path / "large.png"  # lossless: both sides decode the same pixels
+    Image.fromarray(rng.integers(0, 256, (200, 300, 3), dtype=np.uint8)).save(large)
+    files = [*sorted((shapes_root / "val").rglob("*.jpg"))[:6], large]
+    for interpolation, bound in (("bicubic", 2), ("bilinear", None)):
+        transform = eval_transform(32, 0.95, interpolation)
+        worst = max(
+            int(
+                np.abs(
+                    classifier.preprocess(f).astype(int) - transform(load_rgb(f)).numpy().astype(int)
+                ).max()
+            )
+            for f in files
+        )
+        if bound is not None:
+            assert worst <= bound, interpolation  # a grey level of rounding, one of JPEG decoding
+        else:
+            assert worst > 5  # the other filter: not the same pixels
