@@ -535,3 +535,20 @@ def test_infer_and_serve_resize_as_training_evaluates_with_the_models_filter(
             assert worst <= bound, interpolation  # a grey level of rounding, one of JPEG decoding
         else:
             assert worst > 5  # the other filter: not the same pixels
+
+
+def test_a_checkpoint_from_before_the_filter_option_is_evaluated_bilinear(tmp_path: Path) -> None:
+    """Runs trained before --data.interpolation resized bilinear, whatever the backbone's own filter."""
+    from project.checkpoint_values import checkpoint_layer
+    from project.export.checkpoint import Checkpoint
+
+    hparams = {"backbone": TINY, "num_classes": 6}
+    for written, read in ((None, "bilinear"), ("bicubic", "bicubic"), ("bilinear", "bilinear")):
+        data = {"crop_ratio": 0.95} | ({"interpolation": written} if written else {})
+        path = tmp_path / f"{written}.ckpt"
+        torch.save({"hyper_parameters": hparams, "datamodule_hyper_parameters": data}, path)
+        assert checkpoint_layer(path, "validate")["data"]["interpolation"] == read
+        assert Checkpoint(path, torch.load(path, weights_only=True), None).interpolation == read
+    contents = {"datamodule_hyper_parameters": {"interpolation": "lanczos"}}
+    with pytest.raises(UserError, match=r"names the resize filter 'lanczos' \(datamodule_hyper_parameters"):
+        Checkpoint(tmp_path / "x.ckpt", contents, None).interpolation  # noqa: B018
