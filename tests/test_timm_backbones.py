@@ -487,10 +487,10 @@ def test_a_timm_model_trains_under_ddp_and_its_checkpoint_validates_alike_on_one
     test_sync_batchnorm_keeps_the_activation_of_timms_norm_layers's): the val/loss DDP measured at the
     end of its epoch is the one its checkpoint gives in one process."""
     from project.cli import ProjectCLI
-    from tests.test_distributed import DDP, project
+    from tests import test_distributed
 
     flags = ["--name=ddp", "--trainer.devices=2", "--checkpoint.monitor=val/loss", "--checkpoint.mode=min"]
-    result = project(tmp_path, "fit", *DDP, *timm_args(shapes_root, *flags))
+    result = test_distributed.project(tmp_path, "fit", *test_distributed.DDP, *timm_args(shapes_root, *flags))
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = tmp_path / "checkpoints" / "ddp" / "last.ckpt"
     state = saved(checkpoint)
