@@ -9,10 +9,10 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from project.data.batch_augment import BatchAugment, apply, resize_weights
+from project.data.batch_augment import BatchAugment, apply, resize, resize_weights
 from project.data.datamodule import ImageDataModule
 from project.data.dataset import CachedBatches, ImageDataset
-from project.data.transforms import train_transform
+from project.data.transforms import MODES, train_transform
 from tests.helpers import write_image
 
 SPACE = v2.TrivialAugmentWide._AUGMENTATION_SPACE
@@ -55,8 +55,9 @@ def test_each_operation_matches_torchvision_per_image(name: str) -> None:
         assert (difference > 0).float().mean() < 0.002
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("source", [(32, 32), (96, 80)])
-def test_crops_resize_like_resized_crop_and_flip_like_v2(source: tuple[int, int]) -> None:
+def test_crops_resize_like_resized_crop_and_flip_like_v2(source: tuple[int, int], interpolation: str) -> None:
     """Enlarged (CIFAR: every crop is at most 32 px) and shrunk (antialiased) crops, then flips."""
     images = sample_images()[:16]
     if source != (32, 32):
@@ -65,21 +66,20 @@ def test_crops_resize_like_resized_crop_and_flip_like_v2(source: tuple[int, int]
     torch.manual_seed(2)
     augment = BatchAugment(24, scale=(0.08, 1.0))
     top, left, h, w = augment.crops(16, height, width)
-    rows, columns = resize_weights(top, h, height, 24), resize_weights(left, w, width, 24)
-    ours = (
-        (rows.unsqueeze(1) @ images.float() @ columns.transpose(1, 2).unsqueeze(1)).round_().to(torch.uint8)
-    )
+    rows = resize_weights(top, h, height, 24, interpolation)
+    columns = resize_weights(left, w, width, 24, interpolation)
+    ours = resize(images, rows, columns, interpolation)
+    mode = MODES[interpolation]
     reference = torch.stack(
         [
-            F.resized_crop(image, int(y), int(x), int(hh), int(ww), [24, 24], antialias=True)
+            F.resized_crop(image, int(y), int(x), int(hh), int(ww), [24, 24], mode, antialias=True)
             for image, y, x, hh, ww in zip(images, top, left, h, w, strict=True)
         ]
     )
     # torch's uint8 resize computes in fixed point: within one grey level of the float result
     assert (ours.int() - reference.int()).abs().max() <= 1
     flipped = columns.flip(1)  # how __call__ flips an image: its column weights reversed
-    mirrored = (rows.unsqueeze(1) @ images.float() @ flipped.transpose(1, 2).unsqueeze(1)).round_()
-    assert torch.equal(mirrored.to(torch.uint8), F.horizontal_flip(ours))
+    assert torch.equal(resize(images, rows, flipped, interpolation), F.horizontal_flip(ours))
 
 
 def total_variation(a: np.ndarray, b: np.ndarray, bins: np.ndarray) -> float:

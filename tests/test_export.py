@@ -68,11 +68,12 @@ def test_fit_hook_exports_the_best_checkpoint(trained: Path) -> None:
 
 @pytest.mark.slow
 def test_the_sidecar_is_versioned_and_reads_back_whole(trained: Path) -> None:
-    from project.deploy.sidecar import VERSION, Sidecar
+    from project.deploy.sidecar import Sidecar
 
     path = run_dir(trained) / "latest.json"
     written = json.loads(path.read_text())
-    assert written["version"] == VERSION == 1
+    assert written["version"] == 1  # bilinear: the oldest format reads it right (version 2 readers too)
+    assert written["preprocessing"]["interpolation"] == "bilinear"
     assert Sidecar.load(path).to_dict() == written
 
 

@@ -90,6 +90,37 @@ def test_clone_is_renamed_committed_and_passes_its_tests(tmp_path: Path, shapes_
     assert "Running in `fast_dev_run` mode" in fit.stdout + fit.stderr
 
 
+@pytest.mark.slow
+def test_a_clone_trains_a_timm_backbone(tmp_path: Path, shapes_root: Path) -> None:
+    pytest.importorskip("timm")
+    dest = tmp_path / "leaf"
+    new.create(dest, "leafnet")
+    backbone = "timm/test_efficientnet"  # timm's test EfficientNet: 0.1 M parameters, from scratch
+    flags = [
+        f"--data.root={shapes_root}",
+        "--name=t",
+        "--trainer.max_epochs=1",
+        "--export_best.enabled=false",
+    ]
+    flags += [f"--model.backbone={backbone}", "--model.weights=null", "--trainer.limit_train_batches=2"]
+    env = {**os.environ, "PYTHONPATH": str(dest / "src"), "OMP_NUM_THREADS": "1"}
+    fit = subprocess.run(
+        [sys.executable, "-m", "leafnet", "fit", *flags, *FAST_DEV_RUN[1:]],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    import torch
+
+    saved = torch.load(dest / "checkpoints" / "t" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["hyper_parameters"]["backbone"] == backbone and saved["global_step"] == 2
+    assert saved["hyper_parameters"]["scheduler"]["class_path"] == "leafnet.schedulers.WarmupCosineLR"
+    assert saved["state_dict"]["net.classifier.weight"].shape[0] == 6  # timm's head, for the 6 shapes
+    assert saved["pretrained_config"]["tag"] == "r160_in1k"
+
+
 @pytest.mark.parametrize(
     ("name", "message"),
     [

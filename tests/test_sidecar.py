@@ -47,7 +47,8 @@ def test_a_sidecar_round_trips_through_its_file(tmp_path: Path) -> None:
     assert loaded.class_names == ("red", "green", "blue", "dark") and not loaded.multilabel
     assert (loaded.image_size, loaded.crop_ratio, loaded.resize_to) == (16, 0.875, 18)
     assert (loaded.temperature, loaded.unknown_threshold, loaded.unknown_accept) == (1.5, 5.0, 0.95)
-    assert loaded.files == {"onnx": "m.onnx", "pt2": "m.pt2"} and loaded.version == VERSION == 1
+    assert loaded.files == {"onnx": "m.onnx", "pt2": "m.pt2"} and loaded.version == 1
+    assert loaded.interpolation == "bilinear"  # absent: as version 1 resized
     assert loaded.source_checkpoint == "/runs/x/last.ckpt"
     assert loaded.calibration().threshold == 5.0 and loaded.calibration().temperature == 1.5
     assert loaded.calibration(0.5).threshold == pytest.approx(50.0)  # the median validation score
@@ -86,10 +87,14 @@ TAMPERED = {
         {"unknown_accept": 1.5},
         "Sidecar '{json}': 'unknown_accept' is 1.5; expected a",
     ),
+    "an unknown resize filter": (
+        {"preprocessing": {**DOC["preprocessing"], "interpolation": "lanczos"}},
+        "Sidecar '{json}': 'preprocessing.interpolation' is 'lanczos'; expected one of bilinear, bicubic",
+    ),
     "a newer version": (
         {"version": VERSION + 1},
-        "Sidecar '{json}' was written by a newer version of this template (sidecar version 2; this one "
-        "reads up to version 1). Fix: upgrade the project",
+        "Sidecar '{json}' was written by a newer version of this template (sidecar version 3; this one "
+        "reads up to version 2). Fix: upgrade the project",
     ),
 }
 

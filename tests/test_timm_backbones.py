@@ -3,6 +3,9 @@ and every feature built on the backbone (freeze, layer decay, Grad-CAM, export).
 
 from __future__ import annotations
 
+import csv
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from project.errors import UserError
 from project.finetune import depth_groups
 from project.model import ImageClassifier
 from project.models import main as models_main
+from tests.helpers import DECODER_BOUND, fast_args, run_cli
 from tests.test_checkpoint_io import RunsCode
 
 timm = pytest.importorskip("timm")
@@ -160,6 +164,21 @@ def test_a_planted_pickle_in_the_hub_cache_runs_nothing(offline_hub: Path, tmp_p
     assert not marker.exists()
 
 
+def test_a_truncated_file_in_the_hub_cache_is_one_message_naming_it(offline_hub: Path) -> None:
+    repo = offline_hub / "models--timm--resnet18.a1_in1k"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    truncated = repo / "snapshots" / ("0" * 40) / "pytorch_model.bin"
+    truncated.parent.mkdir(parents=True)
+    torch.save({"conv1.weight": torch.zeros(3)}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    with pytest.raises(UserError) as error:
+        build_backbone("timm/resnet18", 3, weights="DEFAULT")
+    message = str(error.value)
+    assert message.startswith(f"Cannot read the cached weights '{truncated}' (resnet18.a1_in1k): ")
+    assert message.endswith("Fix: delete that file (it is downloaded again), or put the genuine file there.")
+
+
 def test_layer_decay_groups_follow_the_models_own_blocks() -> None:
     net = build_backbone("timm/resnet18", 3)
     groups = depth_groups(net, 0.5)
@@ -244,19 +263,292 @@ def test_each_family_trains_a_step_and_exports_to_onnx_that_agrees(backbone: str
     np.testing.assert_allclose(onnx_logits, eager, atol=1e-4, rtol=1e-3)
 
 
+def test_sync_batchnorm_keeps_the_activation_of_timms_norm_layers() -> None:
+    """--trainer.sync_batchnorm=true: EfficientNet's BatchNormAct2d layers still apply their SiLU."""
+    from timm.layers import BatchNormAct2d, SyncBatchNormAct
+
+    from project.sync_batchnorm import SyncBatchNorm
+    from project.trainer import Trainer
+
+    trainer = Trainer(accelerator="cpu", devices=1, sync_batchnorm=True, logger=False, barebones=True)
+    layer_sync = trainer._accelerator_connector._layer_sync  # what a DDP strategy on GPUs applies
+    assert isinstance(layer_sync, SyncBatchNorm)
+    torch.manual_seed(0)
+    net = build_backbone("timm/test_efficientnet", 3).eval()
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = net(images)
+        synced = layer_sync.apply(net)  # what DDP trains (in eval mode a SyncBatchNorm needs no group)
+        assert sum(isinstance(m, SyncBatchNormAct) for m in synced.modules()) == 13
+        torch.testing.assert_close(synced(images), expected, rtol=0, atol=0)
+        reverted = layer_sync.revert(synced)  # what the process holds after fit
+        assert sum(type(m) is BatchNormAct2d for m in reverted.modules()) == 13
+        torch.testing.assert_close(reverted(images), expected, rtol=0, atol=0)
+
+
+def test_sync_batchnorm_on_cpu_processes_is_one_message() -> None:
+    from project.trainer import Trainer
+
+    with pytest.raises(UserError) as error:
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", sync_batchnorm=True, logger=False)
+    assert str(error.value).startswith(
+        "--trainer.sync_batchnorm=true needs GPUs: torch's SyncBatchNorm does not run in CPU processes "
+        "(this run: 2 CPU process(es), strategy DDPStrategy)."
+    )
+    assert "Fix: drop --trainer.sync_batchnorm" in str(error.value)
+
+
 def test_head_of_a_timm_model_is_its_classifier() -> None:
     net = build_backbone("timm/convnext_nano", 5)
     assert head_of(net) is net.head.fc and isinstance(head_of(net), nn.Linear)
 
 
 @pytest.mark.slow
-def test_the_command_line_takes_the_backbones_crop_unless_given(shapes_root: Path) -> None:
+def test_the_command_line_takes_the_backbones_crop_and_filter_unless_given(shapes_root: Path) -> None:
+    from torchvision.transforms import InterpolationMode
+
     from project.cli import ProjectCLI
     from tests.helpers import fast_args
 
     args = fast_args(shapes_root, "--model.backbone=timm/test_vit")
-    cli = ProjectCLI(args=["memory", *args])  # timm's test_vit: crop_pct 0.95, mean and std 0.5
+    cli = ProjectCLI(args=["memory", *args])  # timm's test_vit: crop_pct 0.95, bicubic, mean and std 0.5
     assert cli.datamodule.crop_ratio == 0.95 and cli.datamodule.hparams.crop_ratio == 0.95
+    assert cli.datamodule.hparams.interpolation == "bicubic"
+    assert cli.datamodule.eval_transform.transforms[0].interpolation == InterpolationMode.BICUBIC
+    assert cli.datamodule.train_transform.transforms[0].interpolation == InterpolationMode.BICUBIC
+    assert cli.datamodule.train_batch_transform.interpolation == "bicubic"
     assert cli.model.hparams.mean == (0.5, 0.5, 0.5)
-    cli = ProjectCLI(args=["memory", *args, "--data.crop_ratio=0.8", "--model.mean=[0.4,0.4,0.4]"])
+    given = ["--data.crop_ratio=0.8", "--model.mean=[0.4,0.4,0.4]", "--data.interpolation=bilinear"]
+    cli = ProjectCLI(args=["memory", *args, *given])
     assert cli.datamodule.crop_ratio == 0.8 and cli.model.hparams.mean == (0.4, 0.4, 0.4)
+    assert cli.datamodule.eval_transform.transforms[0].interpolation == InterpolationMode.BILINEAR
+    cli = ProjectCLI(args=["memory", *fast_args(shapes_root)])  # torchvision's resnet18
+    assert cli.datamodule.hparams.interpolation == "bilinear"
+
+
+# Every command on one tiny timm model: timm's test EfficientNet (0.1 M parameters, built from scratch),
+# whose BatchNormAct2d layers fuse the norm and its activation, as in EfficientNet, MobileNet and RegNet.
+TINY = "timm/test_efficientnet"
+
+
+def timm_args(root: Path, *extra: str) -> list[str]:
+    return fast_args(root, f"--model.backbone={TINY}", "--model.weights=null", *extra)
+
+
+def kept_state(checkpoint: Path) -> dict:
+    """What a resume restores: weights, EMA, optimizer, schedule and loop state."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    keys = ("epoch", "global_step", "state_dict", "current_model_state", "averaging_state")
+    return {k: saved[k] for k in (*keys, "optimizer_states", "lr_schedulers", "loops")}
+
+
+@pytest.fixture(scope="session")
+def timm_run(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path:
+    """Run `timm`: 2 epochs with an EMA, every epoch's checkpoint kept, exported at the end (calibrated,
+    int8); run `resumed`: the same from the first epoch's checkpoint. Returns the work folder."""
+    work = tmp_path_factory.mktemp("timm-run")
+    args = timm_args(shapes_root, "--ema.decay=0.9", "--trainer.max_epochs=2", "--checkpoint.save_top_k=-1")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)
+        exported = ["--export_best.enabled=true", "--export_best.quantize=int8"]
+        assert run_cli("fit", *args, "--name=timm", *exported) == 0
+        (work / "checkpoints" / "resumed").mkdir()
+        first = next((work / "checkpoints" / "timm").glob("epoch=000-*.ckpt"))
+        shutil.copy(first, work / "checkpoints" / "resumed" / "last.ckpt")
+        assert run_cli("fit", *args, "--name=resumed", "--ckpt_path=last") == 0
+    return work
+
+
+@pytest.mark.slow
+def test_a_timm_run_resumed_from_last_ckpt_ends_as_the_uninterrupted_run(timm_run: Path) -> None:
+    whole = kept_state(timm_run / "checkpoints" / "timm" / "last.ckpt")
+    resumed = kept_state(timm_run / "checkpoints" / "resumed" / "last.ckpt")
+    assert (whole["epoch"], whole["global_step"]) == (1, 6)
+    assert int(whole["optimizer_states"][0]["state"][0]["step"]) == 6  # AdamW's moments went on
+    assert whole["lr_schedulers"][0]["last_epoch"] == 6
+    torch.testing.assert_close(resumed, whole, rtol=0, atol=0)  # bit for bit
+
+
+@pytest.mark.slow
+def test_a_timm_runs_ema_is_validated_and_reproduced_from_the_checkpoint(timm_run: Path, monkeypatch) -> None:
+    from project.cli import ProjectCLI
+
+    last = torch.load(timm_run / "checkpoints" / "timm" / "last.ckpt", weights_only=True)
+    assert int(last["averaging_state"]["n_averaged"]) == last["global_step"] == 6
+    average, current = last["state_dict"], last["current_model_state"]
+    assert not torch.equal(average["net.classifier.weight"], current["net.classifier.weight"])
+    assert not torch.equal(average["net.bn1.running_mean"], current["net.bn1.running_mean"])
+    monkeypatch.chdir(timm_run)
+    for checkpoint in (timm_run / "checkpoints" / "timm").glob("epoch=*.ckpt"):
+        (state,) = [s for k, s in saved(checkpoint)["callbacks"].items() if k.startswith("ModelCheckpoint")]
+        cli = ProjectCLI(args=["validate", f"--ckpt_path={checkpoint}", "--data.num_workers=0"])
+        assert float(cli.trainer.callback_metrics["val/acc"]) == float(state["current_score"]), checkpoint
+
+
+def saved(checkpoint: Path) -> dict:
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)
+
+
+def answers(path: Path) -> dict[str, dict]:
+    with open(path, newline="") as f:
+        return {Path(*Path(row["file"]).parts[-2:]): row for row in csv.DictReader(f)}  # class/name
+
+
+@pytest.mark.slow
+def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
+    timm_run: Path, shapes_root: Path, tmp_path: Path, workdir: Path
+) -> None:
+    """The model's own filter (test_efficientnet's pretrained config: bicubic) everywhere, calibrated."""
+    from project.deploy.classifier import Classifier
+    from project.deploy.infer import main as infer_main
+    from project.deploy.serve.models import load_model
+    from project.deploy.serve.predictions import Prepared, answer, run_batch
+
+    run = timm_run / "checkpoints" / "timm"
+    meta = json.loads((run / "latest.json").read_text())
+    assert meta["pretrained_config"]["interpolation"] == "bicubic" and meta["verification"]["passed"]
+    assert meta["preprocessing"]["interpolation"] == "bicubic" and meta["version"] == 2
+    assert saved(run / "last.ckpt")["datamodule_hyper_parameters"]["interpolation"] == "bicubic"
+    assert 0.05 < meta["temperature"] < 20 and meta["unknown_threshold"] is not None
+    images = shapes_root / "train"  # not the validation images the threshold was set on
+    predicted, inferred = tmp_path / "predict.csv", tmp_path / "infer.csv"
+    checkpoint = meta["source_checkpoint"]["path"]
+    flags = [f"--ckpt_path={checkpoint}", f"--data.predict_dir={images}", "--data.num_workers=0"]
+    flags += [f"--predictions.output={predicted}", "--predictions.unknown_accept=0.5"]
+    assert run_cli("predict", *flags, "--trainer.logger=false") == 0
+    infer_main(
+        [
+            "--model",
+            str(run / "latest.onnx"),
+            "--unknown_accept",
+            "0.5",
+            "--output",
+            str(inferred),
+            str(images),
+        ]
+    )
+    by_predict, by_infer = answers(predicted), answers(inferred)
+    assert len(by_infer) == 48 and by_predict.keys() == by_infer.keys()
+    unknown = sum(row["class_name"] == "unknown" for row in by_infer.values())
+    assert 0 < unknown < 48  # the threshold at half the validation images answers some `unknown`
+    served_model = load_model(run / "latest.onnx", unknown_accept=0.5)
+    for name, row in by_infer.items():
+        assert by_predict[name]["class_name"] == row["class_name"], name
+        assert float(by_predict[name]["top1_probability"]) == pytest.approx(
+            float(row["top1_probability"]), abs=DECODER_BOUND
+        )
+        pixels = served_model.classifier.preprocess(images / name)
+        served = answer(served_model, run_batch([Prepared(served_model, pixels, 32, 32, None)])[0][0], 1, 1)
+        assert served["class_name"] == row["class_name"], name
+        assert served["predictions"][0]["probability"] == pytest.approx(
+            float(row["top1_probability"]), abs=1e-6
+        )
+    # int8: near chance after 6 steps, the top two classes are often close: the probabilities agree
+    int8 = json.loads((run / "latest-int8.json").read_text())
+    assert int8["validation_images"] == 24 and int8["agreement"] >= 0.5
+    files = sorted(images.rglob("*.jpg"))
+    floats, quantized = (
+        list(Classifier(run / name).classify(files, top_k=6)) for name in ("latest.onnx", "latest-int8.onnx")
+    )
+    for f, q in zip(floats, quantized, strict=True):
+        expected = dict(zip(f.names, f.probabilities, strict=True))
+        assert max(abs(expected[c] - p) for c, p in zip(q.names, q.probabilities, strict=True)) < 0.1
+    assert sum(f.names[0] == q.names[0] for f, q in zip(floats, quantized, strict=True)) >= 0.75 * len(files)
+
+
+@pytest.mark.slow
+def test_memory_and_lr_find_measure_a_timm_model(
+    workdir: Path, shapes_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_memory_budget import MiB, budget_of
+
+    assert run_cli("memory", *timm_args(shapes_root)) == 0
+    out = capsys.readouterr().out
+    params = sum(
+        p.numel() for p in ImageClassifier(num_classes=6, backbone=TINY, scheduler=None).parameters()
+    )
+    assert f"{params / 1e6:.2f} M parameters" in out
+    assert budget_of(out)["gradients"] == pytest.approx(params * 4 / MiB, abs=0.05)  # printed to 0.1
+    finder = ["--name=probe", "--num_training=14", "--max_lr=0.05", "--data.batch_size=4"]
+    assert run_cli("lr_find", *timm_args(shapes_root, *finder)) == 0
+    out = capsys.readouterr().out
+    lr = float(out.split("Suggested learning rate: ")[1].split()[0])
+    assert 1e-6 <= lr <= 0.05
+    fit = next(line for line in out.splitlines() if line.startswith("Use it: "))
+    assert f"--model.backbone={TINY}" in fit and fit.endswith(f"--model.optimizer.init_args.lr={lr:.2g}")
+    assert (workdir / "logs" / "probe" / "lr_find.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_a_timm_model_trains_under_ddp_and_its_checkpoint_validates_alike_on_one_cpu(
+    tmp_path: Path, shapes_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 CPU processes (gloo; torch's SyncBatchNorm needs GPUs, so --trainer.sync_batchnorm is
+    test_sync_batchnorm_keeps_the_activation_of_timms_norm_layers's): the val/loss DDP measured at the
+    end of its epoch is the one its checkpoint gives in one process."""
+    from project.cli import ProjectCLI
+    from tests import test_distributed
+
+    flags = ["--name=ddp", "--trainer.devices=2", "--checkpoint.monitor=val/loss", "--checkpoint.mode=min"]
+    result = test_distributed.project(tmp_path, "fit", *test_distributed.DDP, *timm_args(shapes_root, *flags))
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = tmp_path / "checkpoints" / "ddp" / "last.ckpt"
+    state = saved(checkpoint)
+    assert state["hyper_parameters"]["backbone"] == TINY
+    assert (state["epoch"], state["global_step"]) == (0, 1)  # 24 images per rank: one full batch of 16
+    (selection,) = [s for k, s in state["callbacks"].items() if k.startswith("ModelCheckpoint")]
+    monkeypatch.chdir(tmp_path)
+    cli = ProjectCLI(args=["validate", f"--ckpt_path={checkpoint}", "--data.num_workers=0"])
+    measured = float(cli.trainer.callback_metrics["val/loss"])
+    assert measured == pytest.approx(float(selection["current_score"]), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_infer_and_serve_resize_as_training_evaluates_with_the_models_filter(
+    timm_run: Path, shapes_root: Path, tmp_path: Path
+) -> None:
+    """Pillow's bicubic (infer, serve) against torchvision's (validate, predict), enlarging (the 32 px
+    shapes to 34 before the crop) and shrinking (a 300x200 image): within the two decoders' bound,
+    while bilinear pixels differ by far more."""
+    from PIL import Image
+
+    from project.data.decode import load_rgb
+    from project.data.transforms import eval_transform
+    from project.deploy.classifier import Classifier
+
+    classifier = Classifier(timm_run / "checkpoints" / "timm" / "latest.onnx")
+    rng = np.random.default_rng(0)
+    large = tmp_path / "large.png"  # lossless: both sides decode the same pixels
+    Image.fromarray(rng.integers(0, 256, (200, 300, 3), dtype=np.uint8)).save(large)
+    files = [*sorted((shapes_root / "val").rglob("*.jpg"))[:6], large]
+    for interpolation, bound in (("bicubic", 2), ("bilinear", None)):
+        transform = eval_transform(32, 0.95, interpolation)
+        worst = max(
+            int(
+                np.abs(
+                    classifier.preprocess(f).astype(int) - transform(load_rgb(f)).numpy().astype(int)
+                ).max()
+            )
+            for f in files
+        )
+        if bound is not None:
+            assert worst <= bound, interpolation  # a grey level of rounding, one of JPEG decoding
+        else:
+            assert worst > 5  # the other filter: not the same pixels
+
+
+def test_a_checkpoint_from_before_the_filter_option_is_evaluated_bilinear(tmp_path: Path) -> None:
+    """Runs trained before --data.interpolation resized bilinear, whatever the backbone's own filter."""
+    from project.checkpoint_values import checkpoint_layer
+    from project.export.checkpoint import Checkpoint
+
+    hparams = {"backbone": TINY, "num_classes": 6}
+    for written, read in ((None, "bilinear"), ("bicubic", "bicubic"), ("bilinear", "bilinear")):
+        data = {"crop_ratio": 0.95} | ({"interpolation": written} if written else {})
+        path = tmp_path / f"{written}.ckpt"
+        torch.save({"hyper_parameters": hparams, "datamodule_hyper_parameters": data}, path)
+        assert checkpoint_layer(path, "validate")["data"]["interpolation"] == read
+        assert Checkpoint(path, torch.load(path, weights_only=True), None).interpolation == read
+    contents = {"datamodule_hyper_parameters": {"interpolation": "lanczos"}}
+    with pytest.raises(UserError, match=r"names the resize filter 'lanczos' \(datamodule_hyper_parameters"):
+        Checkpoint(tmp_path / "x.ckpt", contents, None).interpolation  # noqa: B018

@@ -17,7 +17,7 @@ from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings
 
 from project import timm_backbones
-from project.checkpoint_io import load_checkpoint_file
+from project.checkpoint_io import cached_weights_error, load_checkpoint_file
 from project.errors import UserError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -218,19 +218,9 @@ def _read_torchvision(name: str, weights: str) -> dict[str, torch.Tensor]:
     cache = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(entry.url).path).name
     try:  # weights-only: whatever lies in the cache folder cannot run code when it is read
         return entry.get_state_dict(progress=False, check_hash=False, weights_only=True)
-    except pickle.UnpicklingError as e:
-        culprit = re.search(r"GLOBAL (\S+)", str(e))
-        raise UserError(
-            f"Refused to load the cached weights '{cache}' ({name} {weights}): the file holds pickled code "
-            f"or objects{f' ({culprit.group(1)})' if culprit else ''}, not only tensors, so loading it "
-            "could run code. Nothing in it was executed.",
-            f"delete that file (it is downloaded again from {entry.url}), or put the genuine file there.",
-        ) from None
-    except (RuntimeError, EOFError, ValueError) as e:
-        raise UserError(
-            f"Cannot read the cached weights '{cache}' ({name} {weights}): {str(e).splitlines()[0]}.",
-            f"delete that file (it is downloaded again from {entry.url}), or put the genuine file there.",
-        ) from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+        fix = f"delete that file (it is downloaded again from {entry.url}), or put the genuine file there."
+        raise cached_weights_error(cache, f"{name} {weights}", e, fix) from None
     except OSError as e:  # URLError is an OSError: no network, proxy, DNS
         raise UserError(
             f"Cannot download weights {name} {weights} from {entry.url} ({e}).",

@@ -221,6 +221,27 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> dict:
         ) from None
 
 
+def cached_weights_error(path: str | Path, label: str, error: Exception, fix: str) -> UserError:
+    """The one message for pretrained weights in a download cache (torch hub's, the Hugging Face hub's)
+    that a weights-only load refused (`pickle.UnpicklingError`: nothing ran) or could not read.
+
+    Args:
+        path: the cached file.
+        label: which weights it holds, for the message (`resnet18.a1_in1k`, `squeezenet1_1 DEFAULT`).
+        error: what the weights-only load raised.
+        fix: how to get the genuine file back (it is downloaded again once deleted).
+    """
+    if isinstance(error, pickle.UnpicklingError):
+        culprit = re.search(r"GLOBAL (\S+)", str(error))
+        return UserError(
+            f"Refused to load the cached weights '{path}' ({label}): the file holds pickled code or "
+            f"objects{f' ({culprit.group(1)})' if culprit else ''}, not only tensors, so loading it could "
+            "run code. Nothing in it was executed.",
+            fix,
+        )
+    return UserError(f"Cannot read the cached weights '{path}' ({label}): {str(error).splitlines()[0]}.", fix)
+
+
 def check_declared_sizes(path: str | Path) -> None:
     """Refuse a zip checkpoint whose entries declare more bytes than the file holds, before torch.load.
 

@@ -53,7 +53,11 @@ def checkpoint_layer(ckpt_path: str | Path, subcommand: str) -> dict[str, Any]:
         data = checkpoint.get("datamodule_hyper_parameters") or {}
         if not isinstance(data, dict):
             raise _refused(ckpt_path, "datamodule_hyper_parameters", data, "a mapping")
+        from project.data.datamodule import DEFAULT_INTERPOLATION
+
         layer["data"] = data_values(ckpt_path, data)
+        # a checkpoint from before --data.interpolation was trained with the one filter there was
+        layer["data"].setdefault("interpolation", DEFAULT_INTERPOLATION)
         if "image_size" in layer["model"]:  # linked to the model, stored there only
             layer["data"]["image_size"] = layer["model"]["image_size"]
     return layer

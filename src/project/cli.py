@@ -198,8 +198,11 @@ class ProjectCLI(LightningCLI):
         check_cli_config(config)
         console = console_callbacks(self.subcommand, config)
         self.trainer_defaults["callbacks"] = [*(callback() for callback in BUILT_IN), *console]
+        pretrained = preprocessing(config.model.backbone, config.model.weights)
         if config.data.crop_ratio is None:  # the crop the backbone's pretrained weights were made with
-            config.data.crop_ratio = preprocessing(config.model.backbone, config.model.weights)["crop_pct"]
+            config.data.crop_ratio = pretrained["crop_pct"]
+        if config.data.interpolation is None:  # and their resize filter (timm's are bilinear or bicubic)
+            config.data.interpolation = pretrained["interpolation"]
         if self.subcommand in DRY:
             config.trainer.logger = False
             return

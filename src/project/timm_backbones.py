@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import pickle
-import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from project.checkpoint_io import cached_weights_error
 from project.errors import UserError
 
 PREFIX = "timm/"
@@ -185,19 +185,9 @@ def _download(repo: str, label: str) -> dict[str, torch.Tensor]:
             return read_safetensors(path)
         try:  # weights-only: whatever lies in the cache folder cannot run code when it is read
             return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            culprit = re.search(r"GLOBAL (\S+)", str(e))
-            raise UserError(
-                f"Refused to load the cached weights '{path}' ({label}): the file holds pickled code or "
-                f"objects{f' ({culprit.group(1)})' if culprit else ''}, not only tensors, so loading it "
-                "could run code. Nothing in it was executed.",
-                "delete that file (it is downloaded again), or put the genuine file there.",
-            ) from None
-        except (RuntimeError, EOFError, ValueError) as e:
-            raise UserError(
-                f"Cannot read the cached weights '{path}' ({label}): {str(e).splitlines()[0]}.",
-                "delete that file (it is downloaded again), or put the genuine file there.",
-            ) from None
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+            fix = "delete that file (it is downloaded again), or put the genuine file there."
+            raise cached_weights_error(path, label, e, fix) from None
     raise UserError(
         f"Cannot download the timm weights {label} from {url}: this machine is offline (or the hub is "
         f"unreachable) and they are not in the Hugging Face cache ({constants.HF_HUB_CACHE}).",

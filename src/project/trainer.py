@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.plugins import LayerSync
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
@@ -18,6 +21,7 @@ from project import memory_budget, tuning
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
 from project.errors import UserError
 from project.export import export_checkpoint, validation_images
+from project.sync_batchnorm import SyncBatchNorm
 
 
 class Trainer(L.Trainer):
@@ -31,8 +35,13 @@ class Trainer(L.Trainer):
         plugins = kwargs.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):  # a user's own CheckpointIO wins
-            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+            plugins.append(AtomicCheckpointIO())
+        if kwargs.get("sync_batchnorm") and not any(isinstance(p, LayerSync) for p in plugins):
+            plugins.append(SyncBatchNorm())  # keeps timm's norm + activation layers whole
+        kwargs["plugins"] = plugins
         super().__init__(*args, **kwargs)
+        if kwargs.get("sync_batchnorm") and isinstance(self.strategy, DDPStrategy):
+            _refuse_sync_batchnorm_on_cpu(self)
         checkpoint_io = self.strategy.checkpoint_io
         if isinstance(checkpoint_io, AtomicCheckpointIO):  # it removes files in these folders only
             checkpoint_io.folders = self.checkpoint_folders
@@ -146,6 +155,18 @@ class Trainer(L.Trainer):
         )
         print(
             "Exported " + "\n         ".join(str(path) for path in [*result.files.values(), result.sidecar])
+        )
+
+
+def _refuse_sync_batchnorm_on_cpu(trainer: L.Trainer) -> None:
+    # torch's DistributedDataParallel raises "SyncBatchNorm layers only work with GPU modules" from
+    # deep inside each process once training starts: said here, once, before anything runs
+    if isinstance(trainer.accelerator, CPUAccelerator):
+        raise UserError(
+            f"--trainer.sync_batchnorm=true needs GPUs: torch's SyncBatchNorm does not run in CPU processes "
+            f"(this run: {trainer.world_size} CPU process(es), strategy {type(trainer.strategy).__name__}).",
+            "drop --trainer.sync_batchnorm (each process then normalizes over its own batch), or train on "
+            "GPUs (--trainer.accelerator=gpu).",
         )
 
 

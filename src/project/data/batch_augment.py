@@ -9,9 +9,9 @@ parameters for a whole batch in a few tensor calls and applies them with one cal
   `scale`) and a log aspect ratio (uniform in log `ratio`), the first that fits at a uniform
   integer offset, else the centre crop clamped to the ratio range. Each crop is resized to
   `size` x `size` by two matrices per image (rows, columns) holding the weights of torch's
-  antialiased bilinear resize (`_upsample_bilinear2d_aa`: a triangle filter widened by the
-  scale when shrinking, renormalized at the crop's edges): `rows @ image @ columns^T`, one
-  batched matmul.
+  antialiased resize (`_upsample_bilinear2d_aa`: a triangle filter; `_upsample_bicubic2d_aa`:
+  Keys' cubic with a = -0.5, as Pillow's; each widened by the scale when shrinking, renormalized
+  at the crop's edges): `rows @ image @ columns^T`, batched matmuls (`resize`).
 - **Flips** reverse the column matrix of the flipped images (flip after resize, as v2 does).
 - **TrivialAugment** (`auto_augment="trivialaugment"`): one operation per image, uniform over
   torchvision's table (`TrivialAugmentWide._AUGMENTATION_SPACE`, so the operations and their
@@ -37,7 +37,7 @@ from torch.nn.functional import conv2d, grid_sample
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from project.data.transforms import AutoAugment
+from project.data.transforms import AutoAugment, Interpolation
 
 MAGNITUDE_BINS = 31  # torchvision's default for both TrivialAugmentWide and RandAugment
 RANDAUGMENT_OPS, RANDAUGMENT_MAGNITUDE = 2, 9  # RandAugment's defaults
@@ -53,6 +53,7 @@ class BatchAugment:
         ratio: RandomResizedCrop's aspect-ratio range.
         hflip: Flip half of the images horizontally.
         auto_augment: none, trivialaugment or randaugment, as in `train_transform`.
+        interpolation: The crops' resize filter, bilinear or bicubic, as in `train_transform`.
     """
 
     def __init__(
@@ -62,8 +63,10 @@ class BatchAugment:
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         hflip: bool = True,
         auto_augment: AutoAugment = "none",
+        interpolation: Interpolation = "bilinear",
     ) -> None:
         self.size = size
+        self.interpolation = interpolation
         self.scale = scale
         self.ratio = ratio
         self.hflip = hflip
@@ -83,13 +86,12 @@ class BatchAugment:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         n, _, height, width = images.shape
         top, left, h, w = self.crops(n, height, width)
-        rows = resize_weights(top, h, height, self.size)
-        columns = resize_weights(left, w, width, self.size)
+        rows = resize_weights(top, h, height, self.size, self.interpolation)
+        columns = resize_weights(left, w, width, self.size, self.interpolation)
         if self.hflip:
             flipped = torch.rand(n) < 0.5  # v2.RandomHorizontalFlip's p=0.5
             columns[flipped] = columns[flipped].flip(1)
-        out = rows.unsqueeze(1) @ images.float() @ columns.transpose(1, 2).unsqueeze(1)
-        out = out.round_().clamp_(0, 255).to(torch.uint8)
+        out = resize(images, rows, columns, self.interpolation)
         if self.auto_augment == "trivialaugment":
             out = self.operations(out, bins=torch.randint(MAGNITUDE_BINS, (n,)))
         elif self.auto_augment == "randaugment":
@@ -148,20 +150,53 @@ class BatchAugment:
         return out
 
 
-def resize_weights(start: torch.Tensor, length: torch.Tensor, source: int, size: int) -> torch.Tensor:
+def resize_weights(
+    start: torch.Tensor,
+    length: torch.Tensor,
+    source: int,
+    size: int,
+    interpolation: Interpolation = "bilinear",
+) -> torch.Tensor:
     """[N, size, source] weights resizing each image's [start, start + length) to `size` along one axis.
 
-    torch's antialiased bilinear resize (`_compute_indices_min_size_weights_aa`): output o is centred
-    at scale * (o + 0.5) with scale = length / size; the triangle filter spans max(scale, 1) on
-    either side; the weights inside the crop are renormalized to sum to 1.
+    torch's antialiased resize (`_compute_indices_min_size_weights_aa`): output o is centred at
+    scale * (o + 0.5) with scale = length / size; the filter (bilinear: a triangle over 1 px on either
+    side; bicubic: Keys' cubic, a = -0.5, over 2 px) is widened by max(scale, 1); the weights inside the
+    crop are renormalized to sum to 1.
     """
     scale = (length.double() / size)[:, None, None]
     support = scale.clamp(min=1.0)
     centre = scale * (torch.arange(size, dtype=torch.float64)[None, :, None] + 0.5)
     local = torch.arange(source, dtype=torch.float64)[None, None, :] - start[:, None, None]
-    weights = (1 - ((local + 0.5 - centre) / support).abs()).clamp_(min=0)
+    distance = ((local + 0.5 - centre) / support).abs()
+    weights = _cubic(distance) if interpolation == "bicubic" else (1 - distance).clamp_(min=0)
     weights *= (local >= 0) & (local < length[:, None, None])
     return (weights / weights.sum(2, keepdim=True)).float()
+
+
+def resize(
+    images: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor, interpolation: Interpolation
+) -> torch.Tensor:
+    """uint8 `images` [N, C, H, W] resized by `resize_weights`' matrices: `rows @ image @ columns^T`.
+
+    The cubic filter overshoots: as torch's and Pillow's uint8 resizes do, the columns are resized
+    first and stored as uint8 (rounded, clipped to 0..255), then the rows. A triangle filter cannot
+    overshoot, and one float product is within a grey level of theirs.
+    """
+    if interpolation == "bicubic":
+        wide = (images.float() @ columns.transpose(1, 2).unsqueeze(1)).round_().clamp_(0, 255)
+        out = rows.unsqueeze(1) @ wide
+    else:
+        out = rows.unsqueeze(1) @ images.float() @ columns.transpose(1, 2).unsqueeze(1)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _cubic(x: torch.Tensor, a: float = -0.5) -> torch.Tensor:
+    """Keys' cubic convolution kernel at distances `x` >= 0 (zero from 2 on): torch's antialiased
+    bicubic filter (`aa_filter` with a = -0.5) and Pillow's."""
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return torch.where(x < 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
 
 
 def apply(name: str, images: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:

@@ -45,13 +45,21 @@ from project.data.multishapes import generate_multishapes
 from project.data.shapes import generate_shapes
 from project.data.shards import has_index, join, litdata, read_index
 from project.data.skipped import SkipLog
-from project.data.transforms import AutoAugment, BatchMix, eval_transform, train_transform
+from project.data.transforms import (
+    MODES,
+    AutoAugment,
+    BatchMix,
+    Interpolation,
+    eval_transform,
+    train_transform,
+)
 from project.data.worker_signals import worker_init
 from project.errors import UserError
 
 EMBEDDED_ROOT = Path("data") / "shapes"
 # evaluation resizes to image_size / 0.875 (256 for 224), then centre-crops: torchvision's weights' recipe
 DEFAULT_CROP_RATIO = 0.875
+DEFAULT_INTERPOLATION = "bilinear"  # torchvision's weights'; and every run's before the option existed
 # the multi-label example (configs/experiments/multilabel.yaml): generated on first use, like the shapes
 EMBEDDED_MULTILABEL_CSV = Path("data") / "multishapes" / "labels.csv"
 
@@ -154,6 +162,7 @@ class ImageDataModule(L.LightningDataModule):
         num_classes: int | None = None,
         image_size: int = 224,
         crop_ratio: float | None = None,
+        interpolation: Interpolation | None = None,
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         hflip: bool = True,
@@ -182,6 +191,9 @@ class ImageDataModule(L.LightningDataModule):
             image_size: Side of the square crops the model sees.
             crop_ratio: Evaluation resizes the short side to image_size / crop_ratio, then centre-crops;
                 null: the backbone's pretrained crop (a timm model's crop_pct; 0.875 for torchvision).
+            interpolation: The resize filter of training crops, evaluation, `predict` and the export's
+                `infer` and `serve`: bilinear or bicubic (antialiased); null: the backbone's pretrained
+                interpolation (a timm model's, mostly bicubic; bilinear for torchvision).
             scale: RandomResizedCrop area range for training.
             ratio: RandomResizedCrop aspect-ratio range for training.
             hflip: Random horizontal flips for training.
@@ -218,15 +230,19 @@ class ImageDataModule(L.LightningDataModule):
                 data.
         """
         super().__init__()
-        # the command line sets the backbone's own crop (cli.py); built directly: torchvision's
+        # the command line sets the backbone's own crop and filter (cli.py); built directly: torchvision's
         crop_ratio = DEFAULT_CROP_RATIO if crop_ratio is None else crop_ratio
+        interpolation = DEFAULT_INTERPOLATION if interpolation is None else interpolation
+        require(interpolation in MODES, "data.interpolation", interpolation, "bilinear or bicubic")
         check_recipe_options(mixup_alpha, cutmix_alpha, balance, labels_csv)
         check_data_options(
             val_split, image_size, crop_ratio, scale, ratio, batch_size, num_workers, prefetch_factor
         )
         # num_classes and image_size are linked to the model and stored with it: one place, no disagreement
         self.save_hyperparameters(ignore=["num_classes", "image_size"])
-        self.hparams.update(crop_ratio=crop_ratio)  # resolved: checkpoints name the number
+        self.hparams.update(
+            crop_ratio=crop_ratio, interpolation=interpolation
+        )  # resolved: checkpoints name them
         self.labels_csv = Path(labels_csv) if labels_csv is not None else None
         self.label_delimiter = label_delimiter
         if self.labels_csv is not None:
@@ -245,11 +261,14 @@ class ImageDataModule(L.LightningDataModule):
         self.expected_num_classes = num_classes
         self.image_size = image_size
         self.crop_ratio = crop_ratio
-        self.train_transform = train_transform(image_size, scale, ratio, hflip, auto_augment)
-        self.train_batch_transform = BatchAugment(image_size, scale, ratio, hflip, auto_augment)
+        self.interpolation = interpolation
+        self.train_transform = train_transform(image_size, scale, ratio, hflip, auto_augment, interpolation)
+        self.train_batch_transform = BatchAugment(
+            image_size, scale, ratio, hflip, auto_augment, interpolation
+        )
         require(batch_augment in (True, False), "data.batch_augment", batch_augment, "true or false")
         self.batch_augment = batch_augment
-        self.eval_transform = eval_transform(image_size, crop_ratio)
+        self.eval_transform = eval_transform(image_size, crop_ratio, interpolation)
         self.batch_size = batch_size
         self.num_workers = default_num_workers() if num_workers is None else num_workers
         self.prefetch_factor = prefetch_factor
@@ -489,7 +508,7 @@ class ImageDataModule(L.LightningDataModule):
         )  # the size the model was trained at
         return FileDataset(
             files,
-            eval_transform(image_size, self.crop_ratio),
+            eval_transform(image_size, self.crop_ratio, self.interpolation),
             self.skip_bad_images,
             self.predict_dir,
             self.skip_log,

@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from torchvision.transforms import v2
+from torchvision.transforms import InterpolationMode, v2
 
 AutoAugment = Literal["none", "trivialaugment", "randaugment"]
+# The resize filters: bilinear (torchvision's weights) and bicubic (most timm weights); always antialiased,
+# as Pillow resizes in `infer` and `serve` (project.deploy.classifier), so that they agree.
+Interpolation = Literal["bilinear", "bicubic"]
+MODES = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC}
 
 
 def train_transform(
@@ -16,14 +20,18 @@ def train_transform(
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     hflip: bool = True,
     auto_augment: AutoAugment = "none",
+    interpolation: Interpolation = "bilinear",
 ) -> v2.Compose:
-    """RandomResizedCrop to `image_size`, optional flip and TrivialAugment/RandAugment, all on uint8.
+    """RandomResizedCrop to `image_size` (resized with `interpolation`), optional flip and
+    TrivialAugment/RandAugment, all on uint8.
 
     Cached training images of one size get the batched equivalent, data/batch_augment.py's
     `BatchAugment`: a change here needs the same change there (or --data.batch_augment=false).
     """
     steps: list[torch.nn.Module] = [
-        v2.RandomResizedCrop(image_size, scale=scale, ratio=ratio, antialias=True)
+        v2.RandomResizedCrop(
+            image_size, scale=scale, ratio=ratio, interpolation=MODES[interpolation], antialias=True
+        )
     ]
     if hflip:
         steps.append(v2.RandomHorizontalFlip())
@@ -34,9 +42,13 @@ def train_transform(
     return v2.Compose(steps)
 
 
-def eval_transform(image_size: int, crop_ratio: float = 0.875) -> v2.Compose:
-    """Resize the short side to `image_size / crop_ratio`, then centre-crop `image_size`."""
-    return v2.Compose([v2.Resize(round(image_size / crop_ratio), antialias=True), v2.CenterCrop(image_size)])
+def eval_transform(
+    image_size: int, crop_ratio: float = 0.875, interpolation: Interpolation = "bilinear"
+) -> v2.Compose:
+    """Resize the short side to `image_size / crop_ratio` (with `interpolation`), then centre-crop
+    `image_size`."""
+    resize = v2.Resize(round(image_size / crop_ratio), interpolation=MODES[interpolation], antialias=True)
+    return v2.Compose([resize, v2.CenterCrop(image_size)])
 
 
 class BatchMix(torch.nn.Module):

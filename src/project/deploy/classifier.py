@@ -22,6 +22,9 @@ from project.deploy.openvino_runtime import OpenVINOSession, is_openvino
 from project.deploy.sidecar import Sidecar
 from project.errors import UserError
 
+# The sidecar's resize filters (project.deploy.sidecar.INTERPOLATIONS) as Pillow's
+RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
 
 class Answer(NamedTuple):
     """One image's answer: its top-k classes and probabilities, and whether it is `unknown`."""
@@ -61,6 +64,8 @@ class Classifier:
         self.threshold = self.sidecar.threshold
         self.size = self.sidecar.image_size
         self.resize_to = self.sidecar.resize_to
+        # Pillow's filters are the ones torch's antialiased uint8 resize reproduces (within a grey level)
+        self.resample = RESAMPLING[self.sidecar.interpolation]
         self.calibration = self.sidecar.calibration(unknown_accept)
         self.session = open_session(model, threads)
         self._check_fits(model, sidecar)
@@ -108,7 +113,7 @@ class Classifier:
         short, long = (width, height) if width <= height else (height, width)
         new_long = int(self.resize_to * long / short)  # torchvision's rounding
         new_size = (self.resize_to, new_long) if width <= height else (new_long, self.resize_to)
-        img = img.resize(new_size, Image.Resampling.BILINEAR, reducing_gap=None)
+        img = img.resize(new_size, self.resample, reducing_gap=None)
         left = round((img.width - self.size) / 2.0)
         top = round((img.height - self.size) / 2.0)
         img = img.crop((left, top, left + self.size, top + self.size))

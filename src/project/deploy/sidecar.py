@@ -10,7 +10,10 @@ class names fit the model's outputs is checked where the model is loaded
 (`project.deploy.classifier.Classifier`).
 
 The format has a `version` (absent: 1, the sidecars written before it had one). A reader refuses a
-sidecar from a newer template, whose keys it may misread, with one message saying to upgrade.
+sidecar from a newer template, whose keys it may misread, with one message saying to upgrade. An
+export is written with the oldest version that reads it right (`version_for`): version 2 added
+`preprocessing.interpolation`, which a version 1 reader ignores (it resizes bilinear), so only an
+export that resizes otherwise (bicubic) is version 2.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import Any, NoReturn
 from project.deploy.calibration import SCORES, Calibration
 from project.errors import UserError
 
-VERSION = 1  # the sidecar format this template writes; it reads this one and every older one
+VERSION = 2  # the newest sidecar format this template writes; it reads this one and every older one
+INTERPOLATIONS = ("bilinear", "bicubic")  # the resize filters (absent: bilinear, as version 1 resized)
 TASKS = ("multiclass", "multilabel")
 QUANTILES = 101  # calibration.quantiles: shares 0, 1, ..., 100 %
 MAX_IMAGE_SIZE = 8192  # the resize before the crop stays below this too (a crop ratio near 0 would not)
@@ -44,6 +48,7 @@ class Sidecar:
         class_names: The model's classes (labels), in the order of its logits.
         image_size: The square input the model takes, in pixels.
         crop_ratio: image_size / the short side before the centre crop.
+        interpolation: The resize filter, bilinear or bicubic (antialiased).
         task: `multiclass` (one softmax) or `multilabel` (a sigmoid per label).
         threshold: The probability from which a label is given (multi-label).
         temperature: Divides the logits before the softmax (1: uncalibrated).
@@ -61,6 +66,7 @@ class Sidecar:
     class_names: tuple[str, ...]
     image_size: int
     crop_ratio: float
+    interpolation: str = "bilinear"
     task: str = "multiclass"
     threshold: float = 0.5
     temperature: float = 1.0
@@ -83,6 +89,7 @@ class Sidecar:
             class_names=tuple(meta["class_names"]),
             image_size=meta["image_size"],
             crop_ratio=float(meta["preprocessing"]["crop_ratio"]),
+            interpolation=meta["preprocessing"].get("interpolation", INTERPOLATIONS[0]),
             task=meta.get("task", "multiclass"),
             threshold=float(meta.get("threshold", 0.5)),
             temperature=float(meta.get("temperature") or 1.0),
@@ -137,6 +144,12 @@ class Sidecar:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
 
+def version_for(interpolation: str) -> int:
+    """The sidecar version an export resized with `interpolation` is written with: the oldest whose
+    readers resize as it does (version 1 readers resize bilinear)."""
+    return 1 if interpolation == "bilinear" else VERSION
+
+
 def source_of(meta: Any) -> str | None:
     """The checkpoint path a JSON object names as a sidecar would (None: it names none, not a sidecar).
 
@@ -186,6 +199,8 @@ def check(meta: Any, path: Path | str) -> None:
         refuse(
             "preprocessing.crop_ratio", f"a number in (0, 1] with image_size / crop_ratio <= {MAX_IMAGE_SIZE}"
         )
+    if preprocessing.get("interpolation", INTERPOLATIONS[0]) not in INTERPOLATIONS:
+        refuse("preprocessing.interpolation", f"one of {', '.join(INTERPOLATIONS)} (or absent: bilinear)")
     if meta.get("temperature") is not None and not _number(meta["temperature"], 0, math.inf, low_open=True):
         refuse("temperature", "a finite number > 0 (or null)")
     if meta.get("unknown_score") is not None and meta["unknown_score"] not in SCORES:

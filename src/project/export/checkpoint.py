@@ -22,7 +22,9 @@ from torch import nn
 import project
 from project.atomic import atomic_files, atomic_symlink
 from project.checkpoint_io import load_checkpoint_file
-from project.deploy.sidecar import VERSION, Sidecar
+from project.data.datamodule import DEFAULT_INTERPOLATION
+from project.data.transforms import MODES, Interpolation
+from project.deploy.sidecar import Sidecar, version_for
 from project.errors import UserError
 from project.export.deployable import Deployable, export_program, load_for_export
 from project.export.fit_calibration import calibrate_export
@@ -78,6 +80,20 @@ class Checkpoint:
         return self.contents.get("datamodule_hyper_parameters", {}).get("crop_ratio", 0.875)
 
     @property
+    def interpolation(self) -> Interpolation:
+        """The run's resize filter (checkpoints from before the option: bilinear, the one there was)."""
+        value = self.contents.get("datamodule_hyper_parameters", {}).get(
+            "interpolation", DEFAULT_INTERPOLATION
+        )
+        if value not in MODES:
+            raise UserError(
+                f"Checkpoint '{self.path}' names the resize filter {value!r} "
+                "(datamodule_hyper_parameters.interpolation): it must be bilinear or bicubic.",
+                "export a checkpoint written by `fit`, or correct that value.",
+            )
+        return value
+
+    @property
     def run(self) -> str:
         return self.path.parent.name
 
@@ -113,7 +129,7 @@ def export_checkpoint(
     final = final_paths(checkpoint, output_dir, targets)
     deployable = Deployable(checkpoint.model).eval()
     source = Source(deployable, export_program(deployable, checkpoint.size), checkpoint.size, settings.opset)
-    batches = verification_batches(checkpoint.size, checkpoint.crop_ratio, images)
+    batches = verification_batches(checkpoint.size, checkpoint.crop_ratio, images, checkpoint.interpolation)
     # renamed into place together once verified, in this order: the sidecar appears last
     with atomic_files(*final.values()) as partials:
         partial = dict(zip(final, partials, strict=True))
@@ -206,6 +222,7 @@ def calibration(
         checkpoint.model.multilabel,
         settings.unknown_accept,
         settings.unknown_score,
+        checkpoint.interpolation,
     )
 
 
@@ -219,7 +236,7 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
     monitor, score = checkpoint.monitored()
     multilabel = model.multilabel
     return {
-        "version": VERSION,
+        "version": version_for(checkpoint.interpolation),
         "class_names": model.label_names,
         "image_size": size,
         "task": model.task,
@@ -234,7 +251,8 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
         },
         "preprocessing": {
             "resize": f"short side to round(image_size / crop_ratio) = {round(size / crop_ratio)}, "
-            "bilinear, antialiased",
+            f"{checkpoint.interpolation}, antialiased",
+            "interpolation": checkpoint.interpolation,
             "crop": f"centre crop {size}x{size}",
             "crop_ratio": crop_ratio,
             "normalization": {"mean": list(hp["mean"]), "std": list(hp["std"]), "baked_in": True},

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Subset, default_collate
 from torchmetrics.classification import MulticlassCalibrationError
 
 from project.data.dataset import ImageDataset, collate_skipping_none
-from project.data.transforms import eval_transform
+from project.data.transforms import Interpolation, eval_transform
 from project.deploy import calibration
 
 BINS = 15
@@ -33,7 +33,13 @@ MAX_IMAGES = 10_000  # evenly spaced over the split beyond this: minutes, not ho
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.05, 20.0
 
 
-def validation_loader(datamodule: object, size: int, crop_ratio: float, batch_size: int = 64) -> DataLoader:
+def validation_loader(
+    datamodule: object,
+    size: int,
+    crop_ratio: float,
+    batch_size: int = 64,
+    interpolation: Interpolation = "bilinear",
+) -> DataLoader:
     """The validation images (at most MAX_IMAGES) preprocessed as `infer` does; ValueError saying why not.
 
     Images the data module holds decoded (`--data.cache`) are read from memory, in this process.
@@ -50,7 +56,7 @@ def validation_loader(datamodule: object, size: int, crop_ratio: float, batch_si
     decoded = (getattr(datamodule, "decoded", None) or {}).get("val")
     # --data.skip_bad_images holds here as in training: a file that does not decode is left out
     skip = bool(getattr(datamodule, "skip_bad_images", False))
-    dataset = ImageDataset(index, eval_transform(size, crop_ratio), skip, cache=decoded)
+    dataset = ImageDataset(index, eval_transform(size, crop_ratio, interpolation), skip, cache=decoded)
     if len(index) > MAX_IMAGES:
         dataset = Subset(dataset, np.linspace(0, len(index) - 1, MAX_IMAGES).astype(int).tolist())
     workers = 0 if decoded is not None else int(getattr(datamodule, "num_workers", 0) or 0)
@@ -188,12 +194,13 @@ def calibrate_export(
     multilabel: bool,
     accept: float | None,
     score_name: str,
+    interpolation: Interpolation = "bilinear",
 ) -> dict:
     """Calibration keys for the sidecar; prints why when it is skipped."""
     if multilabel:
         return _skip("a multi-label model has a sigmoid per label, not one softmax to calibrate")
     try:
-        loader = validation_loader(datamodule, size, crop_ratio)
+        loader = validation_loader(datamodule, size, crop_ratio, interpolation=interpolation)
     except ValueError as e:
         return _skip(str(e))
     logits, labels = collect_logits(model, loader)

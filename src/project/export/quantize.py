@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from project.atomic import atomic_files, atomic_symlink
 from project.data.dataset import ImageDataset, collate_skipping_none
-from project.data.transforms import eval_transform
+from project.data.transforms import Interpolation, eval_transform
 from project.deploy.sidecar import Sidecar
 from project.errors import UserError
 from project.export import fit_calibration
@@ -35,12 +35,19 @@ LATENCY_BATCHES = (1, 8)
 class TrainingImages:
     """onnxruntime's CalibrationDataReader over up to `count` training images, evenly spaced."""
 
-    def __init__(self, datamodule: object, size: int, crop_ratio: float, count: int = CALIBRATION_IMAGES):
+    def __init__(
+        self,
+        datamodule: object,
+        size: int,
+        crop_ratio: float,
+        count: int = CALIBRATION_IMAGES,
+        interpolation: Interpolation = "bilinear",
+    ):
         index = datamodule.splits["train"]
         picks = np.linspace(0, len(index) - 1, min(count, len(index))).astype(int)
         # --data.skip_bad_images holds here as in training: a file that does not decode is left out
         skip = bool(getattr(datamodule, "skip_bad_images", False))
-        dataset = ImageDataset(index.subset(picks), eval_transform(size, crop_ratio), skip)
+        dataset = ImageDataset(index.subset(picks), eval_transform(size, crop_ratio, interpolation), skip)
         loader = DataLoader(dataset, batch_size=32, collate_fn=collate_skipping_none if skip else None)
         self._batches = fit_calibration.good_batches(loader)
 
@@ -60,6 +67,7 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
     onnx_path = Path(onnx_path)
     float_sidecar = Sidecar.load(onnx_path.with_suffix(".json"))
     size, crop_ratio = float_sidecar.image_size, float_sidecar.crop_ratio
+    interpolation = float_sidecar.interpolation
     root = getattr(datamodule, "root", None)
     if root is None or not Path(root).is_dir():
         raise UserError(
@@ -76,7 +84,7 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
             quantize_static(
                 str(prepared),
                 str(partial),
-                TrainingImages(datamodule, size, crop_ratio),
+                TrainingImages(datamodule, size, crop_ratio, interpolation=interpolation),
                 quant_format=QuantFormat.QDQ,
                 per_channel=True,
                 activation_type=QuantType.QUInt8,
@@ -134,7 +142,9 @@ def measure(
     float_session, int8_session = _session(float_path), _session(int8_path)
     result: dict = {"latency_ms": latency({"float": float_session, "int8": int8_session}, size)}
     try:
-        loader = fit_calibration.validation_loader(datamodule, size, crop_ratio)
+        loader = fit_calibration.validation_loader(
+            datamodule, size, crop_ratio, interpolation=float_sidecar.interpolation
+        )
     except ValueError as e:
         return {
             **result,

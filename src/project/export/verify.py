@@ -11,7 +11,7 @@ from torch import nn
 
 from project.data.decode import BadImageError, load_rgb
 from project.data.shapes import CLASSES, draw_shape
-from project.data.transforms import eval_transform
+from project.data.transforms import Interpolation, eval_transform
 from project.errors import UserError
 from project.export.targets import TARGETS, Runner
 
@@ -47,11 +47,14 @@ def _decodes(path: Path) -> bool:
     return True
 
 
-def verification_batches(size: int, crop_ratio: float, images: Sequence[Path]) -> dict[str, torch.Tensor]:
-    """Random uint8 batches of 1 and 7, and 1 and 7 real images (given files, else drawn shapes)."""
+def verification_batches(
+    size: int, crop_ratio: float, images: Sequence[Path], interpolation: Interpolation = "bilinear"
+) -> dict[str, torch.Tensor]:
+    """Random uint8 batches of 1 and 7, and 1 and 7 real images (given files, else drawn shapes), the
+    real ones resized with the run's `interpolation`."""
     generator = torch.Generator().manual_seed(0)
     random = torch.randint(0, 256, (7, 3, size, size), dtype=torch.uint8, generator=generator)
-    transform = eval_transform(size, crop_ratio)
+    transform = eval_transform(size, crop_ratio, interpolation)
     if images:
         real = torch.stack([transform(load_rgb(Path(p))) for p in list(images)[:7]])
     else:
