@@ -1,6 +1,6 @@
 """One training step on the CPU, contiguous against channels-last memory format, alternating.
 
-    python bench/channels_last_cpu.py
+    python bench/channels_last_cpu.py [NAME:SIZE:BATCH ...]     # e.g. mobilenet_v3_small:128:32
 
 A step is forward, cross-entropy, backward and a fused AdamW step on random data, 2 threads.
 Each network runs 3 warm-up steps per side, then 5 rounds of 5 steps per side alternating; the
@@ -10,6 +10,7 @@ figure is the median round's time per step. Measured, not adopted: see docs/benc
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import torch
@@ -37,7 +38,8 @@ def step(net: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor
 def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    for name, size, batch in CASES:
+    cases = [(n, int(s), int(b)) for n, s, b in (arg.split(":") for arg in sys.argv[1:])] or CASES
+    for name, size, batch in cases:
         sides = {layout: side(name, size, batch, layout) for layout in (False, True)}
         for args in sides.values():
             for _ in range(3):

@@ -6,12 +6,14 @@ Run by bench/peers.py in an environment with ultralytics (not a dependency of th
 built from `yolo11n-cls.yaml` (from scratch: no weights can be downloaded here), then `model.train` on
 the folder (what `yolo classify train data=ROOT model=yolo11n-cls.yaml` does) with its defaults, on
 the CPU, plots off (they would fetch a font); `--hours` is its `time=` budget, which re-plans the
-epochs to the pace measured as it trains. Prints `epoch N acc X` after each validation.
+epochs to the pace measured as it trains. Prints `epoch N acc X` after each epoch's validation (and
+`best.pt acc X` for its final one, of the checkpoint it selected on val).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ultralytics import YOLO
 
@@ -28,10 +30,24 @@ def main() -> None:
     args = parser.parse_args()
     model = YOLO("yolo11n-cls.yaml")
 
-    def print_epoch(trainer: object) -> None:
-        accuracy = trainer.metrics.get("metrics/accuracy_top1")  # type: ignore[attr-defined]
-        print(f"epoch {trainer.epoch + 1} acc {accuracy:.4f}", flush=True)  # type: ignore[attr-defined]
+    def mark_final_eval(trainer: Any) -> None:
+        """Its final validation of best.pt (selected on val) calls the epoch-end hook too: tell it apart."""
+        final_eval = trainer.final_eval
 
+        def marked() -> None:
+            trainer.in_final_eval = True
+            final_eval()
+
+        trainer.final_eval = marked
+
+    def print_epoch(trainer: Any) -> None:
+        accuracy = trainer.metrics.get("metrics/accuracy_top1")
+        if getattr(trainer, "in_final_eval", False):
+            print(f"best.pt acc {accuracy:.4f}", flush=True)
+        else:
+            print(f"epoch {trainer.epoch + 1} acc {accuracy:.4f}", flush=True)
+
+    model.add_callback("on_pretrain_routine_start", mark_final_eval)
     model.add_callback("on_fit_epoch_end", print_epoch)
     model.train(
         data=args.root,

@@ -91,11 +91,11 @@ def command(arm: str, args: argparse.Namespace, epochs: int, seed: int, work: Pa
             "--device", "cpu", "--output", str(work / "timm"), "--log-interval", "1000",
         ]  # fmt: skip
     driver = REPO / "bench" / f"peer_{arm}.py"
-    extra = (
-        ["--out", str(work / "yolo"), "--hours", f"{(args.budget - START_UP) / 3600:.6f}"]
-        if arm == "yolo"
-        else []
-    )
+    extra = []
+    if arm == "yolo":  # a time budget: its epochs re-planned after each epoch (from its default 100: a
+        # smaller count would also end the run, as its last epoch)
+        extra = ["--out", str(work / "yolo"), "--hours", f"{(args.budget - START_UP) / 3600:.6f}"]
+        epochs = epochs or 100
     common = ["--size", size, "--epochs", str(epochs), "--seed", str(seed), "--workers", str(args.workers)]
     return [args.peers_python, str(driver), root, *common, *extra]
 
@@ -166,6 +166,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=["photos", "timm", "fastai", "yolo"])
     parser.add_argument("--plot", type=Path, help="a PNG of accuracy against time (needs matplotlib)")
     parser.add_argument("--json", type=Path, help="write every curve here")
+    parser.add_argument("--add", type=Path, nargs="*", default=[], help="earlier runs' curves (--json files)")
     parser.add_argument(
         "--epochs", nargs="*", default=[], metavar="ARM=N", help="an arm's epochs instead of its probe's"
     )
@@ -186,16 +187,15 @@ def main() -> None:
         epoch = second - first  # steady: the first epoch also pays the start-up
         epochs[arm] = max(1, int((args.budget - (first - epoch)) // epoch))
         print(f"probe {arm}: start-up {first - epoch:.1f} s, an epoch {epoch:.1f} s -> {epochs[arm]} epochs")
-    curves: list[Curve] = []
+    curves = [Curve(**curve) for path in args.add for curve in json.loads(path.read_text())]
     for seed in args.seeds:
         for arm in args.arms:
             curve = run(arm, args, epochs.get(arm, 0), seed, args.budget * 1.15)
             curves.append(curve)
             points = "  ".join(f"{s:.0f}s:{a:.3f}" for s, a in curve.points)
             note = " (stopped at 1.15x the budget)" if curve.stopped else ""
-            print(
-                f"{arm} seed {seed}: {curve.epochs} epochs, {curve.seconds:.0f} s{note}: {points}", flush=True
-            )
+            length = f"{len(curve.points)} epochs in its time" if arm in TIMED else f"{curve.epochs} epochs"
+            print(f"{arm} seed {seed}: {length}, {curve.seconds:.0f} s{note}: {points}")
     if args.json:
         args.json.write_text(json.dumps([c.__dict__ for c in curves], indent=1))
     summarize(curves, args.arms)

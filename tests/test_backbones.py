@@ -171,3 +171,24 @@ def test_a_planted_pickle_in_the_torchvision_cache_runs_nothing(
     assert message.startswith(f"Refused to load the cached weights '{cache}' (squeezenet1_1 DEFAULT)")
     assert "(posix.system)" in message and "Nothing in it was executed" in message and "\n" not in message
     assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_the_image_size_is_the_weights_own_unless_given(shapes_root: Path, tmp_path: Path) -> None:
+    """From scratch: the embedded shapes' 64 px; with weights: their input size (torchvision's 224)."""
+    from project.cli import ProjectCLI
+    from tests.helpers import fast_args
+
+    weights = tmp_path / "resnet18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), weights)
+    args = [arg for arg in fast_args(shapes_root) if not arg.startswith("--data.image_size")]
+    sizes = {}
+    for case, extra in {
+        "scratch": [],
+        "weights": [f"--model.weights={weights}"],
+        "given": [f"--model.weights={weights}", "--data.image_size=96"],
+    }.items():
+        cli = ProjectCLI(args=["memory", *args, "--data.batch_size=2", *extra])
+        assert cli.model.hparams.image_size == cli.datamodule.image_size
+        sizes[case] = cli.datamodule.image_size
+    assert sizes == {"scratch": 64, "weights": 224, "given": 96}

@@ -128,7 +128,7 @@ def test_evaluation_takes_the_runs_data_settings_and_flags_override_them(
     for command in ("validate", "test", "predict", "export"):
         config = printed_config(capsys, command, f"--ckpt_path={best(inside)}")
         assert config["data"]["root"] == str(shapes_root)
-        assert config["data"]["image_size"] == config["model"]["image_size"] == 32  # default.yaml: 64
+        assert config["data"]["image_size"] == config["model"]["image_size"] == 32  # default.yaml: null
         assert config["data"]["batch_size"] == 16 and config["model"]["backbone"] == "resnet18"
     config = printed_config(capsys, "validate", f"--ckpt_path={best(inside)}", "--data.batch_size=5")
     assert config["data"]["batch_size"] == 5

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
@@ -37,6 +38,7 @@ from project.callbacks.save_config import AtomicSaveConfig
 from project.checkpoint_values import checkpoint_layer
 from project.config_checks import check_cli_config
 from project.data.datamodule import ImageDataModule
+from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError, exits_on_user_error
 from project.model import ImageClassifier
 from project.quiet import CompactModelSummary, quiet_lightning
@@ -199,6 +201,8 @@ class ProjectCLI(LightningCLI):
         console = console_callbacks(self.subcommand, config)
         self.trainer_defaults["callbacks"] = [*(callback() for callback in BUILT_IN), *console]
         pretrained = preprocessing(config.model.backbone, config.model.weights)
+        if config.data.image_size is None:
+            config.data.image_size = default_image_size(config.model, pretrained)
         if config.data.crop_ratio is None:  # the crop the backbone's pretrained weights were made with
             config.data.crop_ratio = pretrained["crop_pct"]
         if config.data.interpolation is None:  # and their resize filter (timm's are bilinear or bicubic)
@@ -272,6 +276,16 @@ def last_checkpoint(name: str | None) -> Path:
             "check --name (runs are the folders in checkpoints/), or pass --ckpt_path PATH to a .ckpt file.",
         )
     return found[0]
+
+
+def default_image_size(model: Namespace, pretrained: dict[str, Any]) -> int:
+    """`--data.image_size` when not given: a resumed checkpoint's, else the pretrained weights' input size
+    (224 for most), else the embedded shapes' 64 px (a network from scratch has no size of its own)."""
+    if model.get("image_size") is not None:  # --ckpt_path: the size the run was trained at
+        return int(model.image_size)
+    if model.get("weights") is not None:
+        return int(pretrained["input_size"])
+    return SHAPES_IMAGE_SIZE
 
 
 def config_folder() -> Path:

@@ -160,7 +160,7 @@ class ImageDataModule(L.LightningDataModule):
         val_split: float | None = None,
         split_seed: int = 0,
         num_classes: int | None = None,
-        image_size: int = 224,
+        image_size: int | None = 224,
         crop_ratio: float | None = None,
         interpolation: Interpolation | None = None,
         scale: tuple[float, float] = (0.08, 1.0),
@@ -188,7 +188,8 @@ class ImageDataModule(L.LightningDataModule):
             split_seed: Seed of that split; kept apart from the training seed so the split never moves.
                 Also the seed of the shards' shuffle (fixed, so a resumed run draws the same order).
             num_classes: Expected number of classes, checked against the class folders (optional).
-            image_size: Side of the square crops the model sees.
+            image_size: Side of the square crops the model sees; null (the command line's default): a
+                resumed checkpoint's, else the pretrained weights' input size (224 for most), else 64.
             crop_ratio: Evaluation resizes the short side to image_size / crop_ratio, then centre-crops;
                 null: the backbone's pretrained crop (a timm model's crop_pct; 0.875 for torchvision).
             interpolation: The resize filter of training crops, evaluation, `predict` and the export's

@@ -16,13 +16,14 @@ from project.atomic import atomic_folder
 
 CLASSES = ("circle", "cross", "ring", "square", "star", "triangle")
 SUPERSAMPLE = 2  # draw large, then downsample: smooth edges like a photographed object
+IMAGE_SIZE = 64  # the drawn images' side, and the input size of a network trained from scratch by default
 
 
 def generate_shapes(
     root: Path,
     train_per_class: int = 800,
     val_per_class: int = 100,
-    image_size: int = 64,
+    image_size: int = IMAGE_SIZE,
     seed: int = 0,
 ) -> Path:
     """Write `root/{train,val}/<shape>/<n>.jpg` unless `root` exists; atomic (temp folder, rename)."""
