@@ -14,12 +14,13 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from PIL import Image
 from typing_extensions import override
 
+from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError
 from project.model import is_multilabel
 from project.terminal import printable
 
 # configs/default.yaml's settings as shipped, tuned for the embedded 64 px shapes
-SHAPES_DEFAULTS = {"image_size": 64, "scale": (0.7, 1.0), "max_epochs": 4}
+SHAPES_DEFAULTS = {"image_size": SHAPES_IMAGE_SIZE, "scale": (0.7, 1.0), "max_epochs": 4}
 PHOTO_SAMPLE = 32  # training images whose size (header only) is read
 
 
