@@ -162,9 +162,10 @@ def warn_photos_with_shapes_defaults(trainer: L.Trainer, index: Any) -> None:
     rank_zero_warn(
         f"The training images look like photos (median {width}x{height} px, {len(sizes)} sampled), but this "
         "run uses the defaults tuned for the embedded shapes: 64 px inputs, crops of 70-100 % of the image, "
-        "4 epochs; they waste most of the photos' detail. Fix: --config configs/experiments/photos.yaml "
-        '(measured on real photos: docs/training.md, "Photos"), or set --data.image_size, --data.scale and '
-        "--trainer.max_epochs yourself."
+        "4 epochs. Fix: start from pretrained weights (--model.weights=DEFAULT, or a local file: the run "
+        "then takes their input size), or --config configs/experiments/photos.yaml, or set "
+        "--data.image_size, --data.scale and --trainer.max_epochs yourself (measured on photos: "
+        'docs/training.md, "Photos").'
     )
 
 
