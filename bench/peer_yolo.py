@@ -60,9 +60,7 @@ def main() -> None:
         pretrained=False,
         plots=False,
         amp=False,
-        project=args.out,
-        name="run",
-        exist_ok=True,
+        save_dir=args.out,
         verbose=False,
     )
 

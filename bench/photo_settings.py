@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from transfer import pretrain, project, run
+import transfer
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = REPO / "configs" / "experiments" / "photos.yaml"
@@ -43,15 +43,15 @@ def main() -> None:
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     backbone = yaml.safe_load(PHOTOS.read_text())["model"]["backbone"]
-    weights = pretrain(args.work, args.cifar.resolve(), args.pretrain_epochs, backbone)
+    weights = transfer.pretrain(args.work, args.cifar.resolve(), args.pretrain_epochs, backbone)
     results: dict[str, list[tuple[float, float]]] = {}
     for seed in args.seeds:
         for start, extra in (("scratch", []), ("weights", [f"--model.weights={weights}"])):
             for arm, config in ARMS.items():
                 name = f"{arm}-{start}-{seed}"
                 common = [f"--model.backbone={backbone}"] if arm == "defaults" else []
-                out, seconds = run(
-                    project(
+                out, seconds = transfer.run(
+                    transfer.project(
                         "fit",
                         *config,
                         f"--data.root={args.root.resolve()}",

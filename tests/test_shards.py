@@ -4,6 +4,7 @@ several processes, and from an S3-compatible server on 127.0.0.1 (moto) like fro
 from __future__ import annotations
 
 import json
+import multiprocessing
 import socket
 import time
 from pathlib import Path
@@ -26,7 +27,10 @@ from project.data.streaming import ShardDataset  # noqa: E402
 def shards(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shapes (6 classes, 48 train + 24 val JPEGs) as shards, 2 processes."""
     out = tmp_path_factory.mktemp("shards") / "out"
+    before = multiprocessing.get_start_method(allow_none=True)
     assert exit_status(optimize, f"--data.root={shapes_root}", f"--output={out}", "--workers=2") == 0
+    # LitData sets "spawn" process-wide; a later pool here (cleanlab's in audit) lost its globals
+    assert multiprocessing.get_start_method(allow_none=True) == before
     return out
 
 

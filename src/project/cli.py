@@ -200,13 +200,7 @@ class ProjectCLI(LightningCLI):
         check_cli_config(config)
         console = console_callbacks(self.subcommand, config)
         self.trainer_defaults["callbacks"] = [*(callback() for callback in BUILT_IN), *console]
-        pretrained = preprocessing(config.model.backbone, config.model.weights)
-        if config.data.image_size is None:
-            config.data.image_size = default_image_size(config.model, pretrained)
-        if config.data.crop_ratio is None:  # the crop the backbone's pretrained weights were made with
-            config.data.crop_ratio = pretrained["crop_pct"]
-        if config.data.interpolation is None:  # and their resize filter (timm's are bilinear or bicubic)
-            config.data.interpolation = pretrained["interpolation"]
+        apply_backbone_defaults(config)
         if self.subcommand in DRY:
             config.trainer.logger = False
             return
@@ -276,6 +270,17 @@ def last_checkpoint(name: str | None) -> Path:
             "check --name (runs are the folders in checkpoints/), or pass --ckpt_path PATH to a .ckpt file.",
         )
     return found[0]
+
+
+def apply_backbone_defaults(config: Namespace) -> None:
+    """The data options left null take the backbone's: image size, crop and resize filter."""
+    pretrained = preprocessing(config.model.backbone, config.model.weights)
+    if config.data.image_size is None:
+        config.data.image_size = default_image_size(config.model, pretrained)
+    if config.data.crop_ratio is None:  # the crop the backbone's pretrained weights were made with
+        config.data.crop_ratio = pretrained["crop_pct"]
+    if config.data.interpolation is None:  # and their resize filter (timm's are bilinear or bicubic)
+        config.data.interpolation = pretrained["interpolation"]
 
 
 def default_image_size(model: Namespace, pretrained: dict[str, Any]) -> int:

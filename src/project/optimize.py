@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import multiprocessing
 import os
 import tempfile
 from collections.abc import Iterator
@@ -112,15 +113,21 @@ def write_split(index: ImageIndex, url: str, max_side: int | None, workers: int)
         for i in range(len(index))
     ]
     print(f"{len(items)} images -> {url}", flush=True)
-    shards.litdata().optimize(
-        fn=Sample(index.root, max_side),
-        inputs=items,
-        output_dir=url,
-        chunk_bytes=CHUNK_BYTES,
-        num_workers=min(workers, len(items)),
-        reorder_files=False,  # the ids stay the positions in the split
-        start_method="spawn",  # workers forked from a process with running threads can deadlock
-    )
+    # LitData sets the start method process-wide (force=True): put the caller's back afterwards, or
+    # every later pool in this process (cleanlab's in `audit`, a notebook's own) would spawn too
+    previous = multiprocessing.get_start_method(allow_none=True)
+    try:
+        shards.litdata().optimize(
+            fn=Sample(index.root, max_side),
+            inputs=items,
+            output_dir=url,
+            chunk_bytes=CHUNK_BYTES,
+            num_workers=min(workers, len(items)),
+            reorder_files=False,  # the ids stay the positions in the split
+            start_method="spawn",  # workers forked from a process with running threads can deadlock
+        )
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
     if shards.is_url(url):
         shards.check_uploaded(url)
     return {"count": len(index), "class_counts": index.class_counts()}

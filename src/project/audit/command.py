@@ -28,7 +28,7 @@ from project.audit.outliers import outlier_percentiles
 from project.audit.report import Findings, summary, write_clean_list, write_findings
 from project.audit.stop import Stopped, raise_if_stopped, stop_on_ctrl_c
 from project.audit.timing import default_folds, measure_step, plan_folds, runs_on_cpu
-from project.cli import ProjectCLI, config_folder, packaged_configs
+from project.cli import ProjectCLI, apply_backbone_defaults, config_folder, packaged_configs
 from project.config_checks import check_cli_config, positive_int, require
 from project.data.dataset import ImageDataset
 from project.errors import UserError, exits_on_user_error
@@ -130,6 +130,7 @@ class AuditCLI(ProjectCLI):
     def before_instantiate_classes(self) -> None:
         check_cli_config(self.config)
         check_audit_options(self.config)
+        apply_backbone_defaults(self.config)  # image size, crop and filter, as fit takes them
 
     @override
     def instantiate_classes(self) -> None:
