@@ -10,12 +10,12 @@ bodies). Prints `epoch N acc X` after each epoch.
 
 from __future__ import annotations
 
-import argparse
-
 from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback
 from fastai.torch_core import set_seed
 from fastai.vision.all import ImageDataLoaders, Resize, accuracy, aug_transforms, resnet18, vision_learner
+
+from peer_args import peer_parser
 
 
 class PrintEpoch(Callback):
@@ -27,12 +27,7 @@ class PrintEpoch(Callback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("root")
-    parser.add_argument("--size", type=int, required=True)
-    parser.add_argument("--epochs", type=int, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = peer_parser(__doc__.splitlines()[0])
     args = parser.parse_args()
     set_seed(args.seed, reproducible=False)
     loaders = ImageDataLoaders.from_folder(

@@ -12,19 +12,15 @@ epochs to the pace measured as it trains. Prints `epoch N acc X` after each epoc
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from ultralytics import YOLO
 
+from peer_args import peer_parser
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("root")
-    parser.add_argument("--size", type=int, required=True)
-    parser.add_argument("--epochs", type=int, required=True)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = peer_parser(__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--hours", type=float, default=0.0, help="time budget; re-plans epochs")
     args = parser.parse_args()

@@ -157,15 +157,16 @@ def warn_photos_with_shapes_defaults(trainer: L.Trainer, index: Any) -> None:
     if not sizes:
         return
     width, height = (int(np.median([size[axis] for size in sizes])) for axis in (0, 1))
-    if min(width, height) < 2 * SHAPES_DEFAULTS["image_size"]:
+    size, (low, high), epochs = SHAPES_DEFAULTS.values()
+    if min(width, height) < 2 * size:
         return
     rank_zero_warn(
         f"The training images look like photos (median {width}x{height} px, {len(sizes)} sampled), but this "
-        "run uses the defaults tuned for the embedded shapes: 64 px inputs, crops of 70-100 % of the image, "
-        "4 epochs. Fix: start from pretrained weights (--model.weights=DEFAULT, or a local file: the run "
-        "then takes their input size), or --config configs/experiments/photos.yaml, or set "
-        "--data.image_size, --data.scale and --trainer.max_epochs yourself (measured on photos: "
-        'docs/training.md, "Photos").'
+        f"run uses the defaults tuned for the embedded shapes: {size} px inputs, crops of {low * 100:.0f}-"
+        f"{high * 100:.0f} % of the image, {epochs} epochs. Fix: start from pretrained weights "
+        "(--model.weights=DEFAULT, or a local file: the run then takes their input size), or --config "
+        "configs/experiments/photos.yaml, or set --data.image_size, --data.scale and --trainer.max_epochs "
+        'yourself (measured on photos: docs/training.md, "Photos").'
     )
 
 

@@ -241,9 +241,8 @@ class ImageDataModule(L.LightningDataModule):
         )
         # num_classes and image_size are linked to the model and stored with it: one place, no disagreement
         self.save_hyperparameters(ignore=["num_classes", "image_size"])
-        self.hparams.update(
-            crop_ratio=crop_ratio, interpolation=interpolation
-        )  # resolved: checkpoints name them
+        # resolved: checkpoints name the crop and the filter, not null
+        self.hparams.update(crop_ratio=crop_ratio, interpolation=interpolation)
         self.labels_csv = Path(labels_csv) if labels_csv is not None else None
         self.label_delimiter = label_delimiter
         if self.labels_csv is not None:
