@@ -4,7 +4,9 @@
 
 A step is forward, cross-entropy, backward and a fused AdamW step on random data, 2 threads.
 Each network runs 3 warm-up steps per side, then 5 rounds of 5 steps per side alternating; the
-figure is the median round's time per step. Measured, not adopted: see docs/benchmarks.md.
+figure is the median round's time per step. What `--model.channels_last=auto` follows (channels-last in a
+CPU fit for networks with grouped convolutions): see docs/benchmarks.md, "channels-last and torch.compile
+on the CPU".
 """
 
 from __future__ import annotations

@@ -78,6 +78,7 @@ def template_step(data: TensorDataset, backbone: str, size: int, batch: int, wor
         f"--data.image_size={size}",
         f"--data.batch_size={batch}",
         f"--model.backbone={backbone}",
+        "--model.channels_last=false",  # the hand-written loop's memory format: overhead, not layout
         "--trainer.max_epochs=1",
         "--export_best.enabled=false",  # after training: not a step cost
         "--trainer.callbacks+=__main__.StepStarts",

@@ -120,6 +120,25 @@ def is_multilabel(model: object) -> bool:
     return getattr(model, "task", "multiclass") == "multilabel"
 
 
+def grouped_convolutions(net: nn.Module) -> bool:
+    """Whether the network has grouped or depthwise convolutions: the families that run faster
+    channels-last on the CPU (docs/benchmarks.md, "channels-last and torch.compile on the CPU")."""
+    return any(isinstance(m, nn.Conv2d) and m.groups > 1 for m in net.modules())
+
+
+def match_state_layout(optimizer: torch.optim.Optimizer) -> None:
+    """Give each optimizer state tensor its parameter's strides. A checkpoint keeps the memory format it
+    was written in (a contiguous run resumed channels-last, a CPU run resumed on a GPU, or the reverse),
+    and the fused AdamW step reads a state tensor in its parameter's layout: with other strides it
+    updates the wrong elements, silently (the foreach step copes)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.shape == param.shape and value.stride() != param.stride():
+                    state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
 def label_names(model: object, count: int | None = None) -> list[str]:
     """`model.class_names`, or "0", "1", ... for a model without names (`count`, default its num_classes)."""
     names = getattr(model, "class_names", None)
@@ -179,7 +198,7 @@ class ImageClassifier(L.LightningModule):
         class_weights: list[float] | None = None,
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
-        channels_last: bool = False,
+        channels_last: bool | Literal["auto"] = "auto",
         compile: bool = False,
         task: Literal["multiclass", "multilabel"] = "multiclass",
         threshold: float = 0.5,
@@ -213,7 +232,10 @@ class ImageClassifier(L.LightningModule):
             mean: Per-channel mean in [0, 1] for normalization; null: the backbone's pretrained config
                 (ImageNet's for torchvision; timm's for the weights tag, e.g. 0.5 for many ViTs).
             std: Per-channel standard deviation in [0, 1] for normalization; null: as for mean.
-            channels_last: Run the network in channels-last memory format (faster on recent GPUs).
+            channels_last: Run the network in channels-last memory format. auto: in fit on the CPU when
+                the network has grouped or depthwise convolutions (mobilenet, efficientnet, regnet,
+                shufflenet: 1.1-1.5x per step on the CPU, measured; resnets and ConvNeXt gain nothing),
+                contiguous elsewhere, including every export; true: always (tensor-core GPUs).
             compile: Compile the network with torch.compile.
             task: multiclass (one class per image: softmax, cross-entropy) or multilabel (any number of
                 labels per image: a sigmoid per label, binary cross-entropy); linked from the data.
@@ -242,7 +264,7 @@ class ImageClassifier(L.LightningModule):
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval
         self.label_smoothing = label_smoothing
-        self.channels_last = channels_last
+        self.channels_last = channels_last is True  # "auto" is resolved in setup, once the device is known
         self.compile_net = compile
         self.freeze_backbone = freeze_backbone
         self.head_epochs = head_epochs
@@ -260,7 +282,7 @@ class ImageClassifier(L.LightningModule):
             for module in self.net.modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.momentum = bn_momentum
-        if channels_last:
+        if self.channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         if freeze_backbone:
             set_frozen(self.net, True)
@@ -297,6 +319,25 @@ class ImageClassifier(L.LightningModule):
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
+
+    @override
+    def setup(self, stage: str) -> None:
+        """`channels_last: auto`: a fit on the CPU runs a network with grouped convolutions channels-last."""
+        auto = self.hparams.get("channels_last") == "auto"
+        if (
+            auto
+            and stage == "fit"
+            and self.trainer.strategy.root_device.type == "cpu"
+            and grouped_convolutions(self.net)
+        ):
+            self.channels_last = True
+            self.net = self.net.to(memory_format=torch.channels_last)
+
+    @override
+    def on_train_start(self) -> None:
+        """After a resume has loaded the optimizer state: its tensors take their parameters' layout."""
+        for optimizer in self.trainer.optimizers:
+            match_state_layout(optimizer)
 
     @override
     def configure_model(self) -> None:
