@@ -2,12 +2,15 @@
 
     python bench/peers.py --root /tmp/elpv --peers-python /opt/peers/bin/python --timm-train train.py \
         [--budget 360] [--size 128] [--seeds 0 1] [--arms photos timm fastai yolo shapes] [--plot out.png]
+        [--template-args=--data.scale=[0.7,1.0] ...]     # a change to the template's settings, measured
 
 Every tool trains from scratch (no weights can be downloaded here) on the same train/ and val/ folders
 (bench/photo_set.py: ELPV, 2,099 + 525 images, 4 classes), at the same image size, within the same
 wall-clock budget on the same machine, run the way its documentation trains an image classifier:
 
     photos   this template: `fit --config configs/experiments/photos.yaml`
+    short    (not by default) the same, given `--short` (0.65) of the budget: does the template reach
+             the best peer's final accuracy in 0.7x that peer's time when a user gives it that time?
     shapes   (not by default) the template's defaults, tuned for the embedded shapes, at the same size
     timm     timm's `train.py` (from its repository; not in the pip package) with its defaults for
              resnet18: SGD, 5 warm-up epochs, cosine, label smoothing 0.1, batch 128
@@ -46,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 EPOCH = re.compile(r"^epoch (\d+)(?:/\S+)?:? .*?(?:val/acc|acc) (\d\.\d+)")
 TIMM_TEST = re.compile(r"Test: \[\s*(\d+)/(\d+)\].*Acc@1:\s*[\d.]+\s*\(\s*([\d.]+)\)")
 PEERS = ("timm", "fastai", "yolo")
-TIMED = ("photos", "yolo")  # take a time budget themselves: no probe, no epoch count
+TIMED = ("photos", "short", "yolo")  # take a time budget themselves: no probe, no epoch count
 START_UP = 20  # seconds before training starts (imports, indexing the folder): not in a tool's own budget
 
 
@@ -69,11 +72,11 @@ class Curve:
 
 def command(arm: str, args: argparse.Namespace, epochs: int, seed: int, work: Path) -> list[str]:
     root, size = str(args.root), str(args.size)
-    if arm in ("photos", "shapes"):
-        config = ["--config", str(REPO / "configs/experiments/photos.yaml")] if arm == "photos" else []
+    if arm in ("photos", "short", "shapes"):
+        config = ["--config", str(REPO / "configs/experiments/photos.yaml")] if arm != "shapes" else []
         length = [f"--trainer.max_epochs={epochs}"]
-        if arm == "photos":  # the budget, as the template takes one: the schedule follows the pace
-            seconds = int(args.budget - START_UP)
+        if arm != "shapes":  # the budget, as the template takes one: the schedule follows the pace
+            seconds = int(args.budget * (args.short if arm == "short" else 1) - START_UP)
             length = [
                 "--trainer.max_epochs=-1",
                 f"--trainer.max_time=00:00:{seconds // 60:02d}:{seconds % 60:02d}",
@@ -82,6 +85,7 @@ def command(arm: str, args: argparse.Namespace, epochs: int, seed: int, work: Pa
             sys.executable, "-m", "project", "fit", *config, f"--data.root={root}",
             f"--data.image_size={size}", *length, f"--seed_everything={seed}",
             f"--data.num_workers={args.workers}", "--export_best.enabled=false", f"--name={arm}-{seed}",
+            *args.template_args,
         ]  # fmt: skip
     if arm == "timm":
         return [
@@ -161,12 +165,20 @@ def main() -> None:
     parser.add_argument("--timm-train", type=Path, help="timm's train.py, from its repository")
     parser.add_argument("--budget", type=float, default=360.0, help="seconds a run may take")
     parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--short", type=float, default=0.65, help="the short arm's fraction of the budget")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1], help="none: summarize --add only")
     parser.add_argument("--arms", nargs="+", default=["photos", "timm", "fastai", "yolo"])
     parser.add_argument("--plot", type=Path, help="a PNG of accuracy against time (needs matplotlib)")
     parser.add_argument("--json", type=Path, help="write every curve here")
     parser.add_argument("--add", type=Path, nargs="*", default=[], help="earlier runs' curves (--json files)")
+    parser.add_argument(
+        "--template-args",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more fit flag for the template's arms (repeat it; write --template-args=--flag=value)",
+    )
     parser.add_argument(
         "--epochs", nargs="*", default=[], metavar="ARM=N", help="an arm's epochs instead of its probe's"
     )
@@ -181,7 +193,7 @@ def main() -> None:
         flush=True,
     )
     epochs = {arm: args.epochs[arm] for arm in args.arms if arm in args.epochs}
-    for arm in [arm for arm in args.arms if arm not in epochs and arm not in TIMED]:
+    for arm in [arm for arm in args.arms if arm not in epochs and arm not in TIMED and args.seeds]:
         probe = run(arm, args, 2, args.seeds[0], args.budget)
         (first, _), (second, _) = probe.points[:2]
         epoch = second - first  # steady: the first epoch also pays the start-up
@@ -223,6 +235,12 @@ def summarize(curves: list[Curve], arms: list[str]) -> None:
         ratio = ours.time_to(target) / their_time
         print(f"seed {seed}: template reaches {best}'s final {target:.3f} at {ours.time_to(target):.0f} s, "
               f"{best} at {their_time:.0f} s: ratio {ratio:.2f} (goal <= 0.70)")  # fmt: skip
+        short = next((c for c in curves if c.arm == "short" and c.seed == seed), None)
+        if short and short.points:
+            ended = short.points[-1][0]
+            print(f"seed {seed}: template given the short budget ends at {short.final():.3f} "
+                  f"({short.final() - target:+.3f} against {best}'s final) at {ended:.0f} s: "
+                  f"ratio {ended / their_time:.2f} (goal <= 0.70)")  # fmt: skip
 
 
 def plot(curves: list[Curve], path: Path, budget: float) -> None:
