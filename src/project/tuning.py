@@ -14,12 +14,11 @@ import numpy as np
 from lightning.pytorch.tuner import Tuner
 
 from project.atomic import atomic_write
+from project.checkpoint_io import TUNER_FILE
 from project.errors import UserError
 
 LR_FLAG = "--model.optimizer.init_args.lr"
 PLOT = "lr_find.png"
-# what the Tuner saves to restore the model after its trial steps; removed even when a trial fails
-TEMPORARY = (".lr_find_*.ckpt", ".scale_batch_size_*.ckpt")
 
 
 def find_lr(
@@ -171,9 +170,14 @@ FINDER_OPTIONS = (
 def no_temporary_files(trainer: L.Trainer) -> Iterator[None]:
     """Remove the Tuner's restore checkpoint, which it leaves behind when a trial or the restore fails."""
     folder = Path(trainer.default_root_dir)
-    before = {p for pattern in TEMPORARY for p in folder.glob(pattern)}
+    before = tuner_files(folder)
     try:
         yield
     finally:
-        for path in {p for pattern in TEMPORARY for p in folder.glob(pattern)} - before:
+        for path in tuner_files(folder) - before:
             path.unlink(missing_ok=True)
+
+
+def tuner_files(folder: Path) -> set[Path]:
+    """The Tuner's restore checkpoints in `folder` (checkpoint_io.TUNER_FILE)."""
+    return {path for path in folder.glob(".*.ckpt") if TUNER_FILE.fullmatch(path.name)}
