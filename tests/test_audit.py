@@ -6,6 +6,7 @@ import contextlib
 import csv
 import hashlib
 import io
+import logging
 import os
 import re
 import shutil
@@ -433,3 +434,38 @@ def test_a_ctrl_c_inside_a_del_is_kept_for_the_next_safe_point(monkeypatch: pyte
             os.kill(os.getpid(), signal.SIGINT)
             for _ in range(1000):
                 pass
+
+
+def test_a_ctrl_c_in_a_fork_hook_is_kept_for_the_next_safe_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Raised in logging's at-fork hook (a loader worker starting), Python prints and drops it."""
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    parent = os.getpid()
+
+    class SignallingLock:  # logging's module lock, signalled while its after-fork hook releases it
+        def __init__(self, lock: object) -> None:
+            self.lock, self.armed = lock, False
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.lock, name)
+
+        def release(self) -> None:
+            if self.armed and os.getpid() == parent:
+                self.armed = False
+                os.kill(parent, signal.SIGINT)
+                for _ in range(1000):  # the handler runs between these bytecodes
+                    pass
+            self.lock.release()
+
+    lock = SignallingLock(logging._lock)
+    monkeypatch.setattr(logging, "_lock", lock)
+    with stop_on_ctrl_c():
+        lock.armed = True
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        os.waitpid(child, 0)
+        assert unraisable == []
+        with pytest.raises(Stopped):
+            raise_if_stopped()
+    assert not lock.armed and repr(lock.lock).startswith("<unlocked")  # signalled, and logging's lock is free

@@ -7,10 +7,11 @@ the loader workers). An exception raised by a signal handler can be lost: when t
 at-fork hook or a `__del__` (a loader worker starting, say), Python prints "Exception ignored" and goes on.
 So the handler also records the request, and `raise_if_stopped` raises it again at safe points (every batch
 of the fold trainers, every chunk of images read). Inside a `__del__` (a loader iterator collected between
-epochs) the handler only records it: raising there would print that traceback. Processes forked while the
-handler is installed (loader workers, cleanlab's pool) inherit it and ignore the terminal's Ctrl-C: the main
-process stops them. Files appear whole or not at all (`atomic_folder`, `atomic_write`), so stopping anywhere
-leaves nothing half-written.
+epochs) or while a fork runs its hooks (logging's lock release after a loader worker starts) the handler
+only records it: raising there would print that traceback, and could leave logging's lock held. Processes
+forked while the handler is installed (loader workers, cleanlab's pool) inherit it and ignore the terminal's
+Ctrl-C: the main process stops them. Files appear whole or not at all (`atomic_folder`, `atomic_write`), so
+stopping anywhere leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -26,6 +27,22 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 _requested = False  # a Ctrl-C came during the block of stop_on_ctrl_c
+_forking = False  # the parent is inside os.fork(), running the at-fork hooks
+
+
+def _fork_starts() -> None:
+    global _forking
+    _forking = True
+
+
+def _fork_ends() -> None:
+    global _forking
+    _forking = False
+
+
+# Hooks run before a fork in reverse order of registration and after it in order, so these two enclose
+# every hook registered before this module's import (logging's among them).
+os.register_at_fork(before=_fork_starts, after_in_parent=_fork_ends, after_in_child=_fork_ends)
 
 
 class Stopped(BaseException):
@@ -71,7 +88,7 @@ def stop_on_ctrl_c() -> Iterator[None]:
         if os.getpid() != pid:  # a forked child: its parent stops it
             return
         _requested = True
-        if not _in_finalizer(frame):  # else the next safe point raises
+        if not _forking and not _in_finalizer(frame):  # else the next safe point raises
             raise Stopped
 
     _requested = False
