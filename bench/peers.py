@@ -262,7 +262,7 @@ def plot(curves: list[Curve], path: Path, budget: float) -> None:
     axes.axvline(budget / 60, color="grey", linewidth=0.8)
     axes.set_xlabel("minutes since start (2 CPU cores)")
     axes.set_ylabel("validation accuracy")
-    axes.set_title("From scratch on ELPV (4 classes), same budget; dashed: second seed")
+    axes.set_title("From scratch on ELPV (4 classes), same budget; solid: first seed, dashed: the others")
     axes.legend()
     axes.grid(alpha=0.3)
     figure.tight_layout()
