@@ -145,7 +145,7 @@ def test_export_calibration_reads_the_cached_validation_images_in_this_process(s
     cached.setup("fit")
     plain.setup("fit")
     loader = validation_loader(cached, 24, 0.875)
-    assert loader.num_workers == 0 and loader.dataset.cache is cached.decoded["val"]
+    assert loader.num_workers == 0 and loader.dataset.dataset.cache is cached.decoded["val"]
     logits, labels = collect_logits(_MeanColour(), loader)
     expected_logits, expected_labels = collect_logits(_MeanColour(), validation_loader(plain, 24, 0.875))
     assert torch.equal(logits, expected_logits) and torch.equal(labels, expected_labels)

@@ -20,7 +20,7 @@ from tests.helpers import exit_status, fast_args, run_cli, workers_blocking_stop
 
 litdata = pytest.importorskip("litdata")
 
-from project.data.streaming import ShardDataset  # noqa: E402
+from project.data.streaming import ShardSource  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +34,16 @@ def shards(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def ids(url: str, **loader: object) -> list[int]:
-    data = ShardDataset(url, eval_transform(32), shuffle=True, seed=1, with_ids=True)
-    return [
-        i for batch in litdata.StreamingDataLoader(data, batch_size=5, **loader) for i in batch[2].tolist()
-    ]
+def dataset(root: str | Path, split: str, shuffle: bool = True, seed: int = 1) -> object:
+    """A split of the shards at `root` whose samples also carry their id (position in the split)."""
+    data = ShardSource(str(root)).dataset(split, eval_transform(32), shuffle, seed, skip_bad_images=False)
+    data.with_ids = True
+    return data
+
+
+def ids(root: str | Path, split: str, **loader: object) -> list[int]:
+    batches = litdata.StreamingDataLoader(dataset(root, split), batch_size=5, **loader)
+    return [i for batch in batches for i in batch[2].tolist()]
 
 
 def test_optimize_writes_every_image_with_the_class_counts(shards: Path, shapes_root: Path) -> None:
@@ -47,8 +52,8 @@ def test_optimize_writes_every_image_with_the_class_counts(shards: Path, shapes_
     assert len(index["class_names"]) == 6
     assert index["splits"]["train"]["count"] == 48 and index["splits"]["val"]["count"] == 24
     assert set(index["splits"]["train"]["class_counts"].values()) == {8}
-    assert sorted(ids(str(shards / "train"))) == list(range(48))
-    # the bytes as they are: the first sample is the first file of the split, unchanged
+    assert sorted(ids(shards, "train")) == list(range(48))
+    # the bytes as they are: the first file of the split is stored unchanged
     data = litdata.StreamingDataset(str(shards / "val"))
     first = sorted((shapes_root / "val").rglob("*.jpg"))[0].read_bytes()
     assert any(data[i]["image"] == first for i in range(len(data)))
@@ -70,7 +75,7 @@ def test_max_side_stores_images_downscaled(flat_root: Path, tmp_path: Path) -> N
     assert exit_status(optimize, *args, "--workers=1") == 0
     index = json.loads((out / "shards.json").read_text())
     assert index["splits"]["train"]["count"] + index["splits"]["val"]["count"] == 48
-    image = ShardDataset(str(out / "val"), lambda x: x, shuffle=False)[0][0]
+    image = ShardSource(str(out)).dataset("val", lambda x: x, False, 0, skip_bad_images=False)[0][0]
     assert max(image.shape[1:]) == 16
 
 
@@ -89,8 +94,7 @@ def test_audit_on_shards_says_it_reads_image_files(shards: Path, capsys: pytest.
 
 @pytest.mark.slow
 def test_loader_resumes_mid_epoch_with_the_samples_not_yet_seen(shards: Path) -> None:
-    url = str(shards / "train")
-    data = ShardDataset(url, eval_transform(32), shuffle=True, seed=3, with_ids=True)
+    data = dataset(shards, "train", seed=3)
     loader = litdata.StreamingDataLoader(data, batch_size=4, num_workers=2)
     seen: list[int] = []
     for step, batch in enumerate(loader):
@@ -98,7 +102,7 @@ def test_loader_resumes_mid_epoch_with_the_samples_not_yet_seen(shards: Path) ->
         if step == 4:
             state = loader.state_dict()
             break
-    again = ShardDataset(url, eval_transform(32), shuffle=True, seed=3, with_ids=True)
+    again = dataset(shards, "train", seed=3)
     resumed = litdata.StreamingDataLoader(again, batch_size=4, num_workers=2)
     resumed.load_state_dict(state)
     rest = [i for batch in resumed for i in batch[2].tolist()]
@@ -157,7 +161,7 @@ def test_optimize_to_a_bucket_fit_and_read_it_back(
         exit_status(optimize, f"--data.root={shapes_root}", "--output=s3://data/shapes", "--workers=1") == 0
     )
     assert read_index("s3://data/shapes")["splits"]["val"]["count"] == 24
-    assert sorted(ids("s3://data/shapes/val")) == list(range(24))
+    assert sorted(ids("s3://data/shapes", "val")) == list(range(24))
     monkeypatch.setenv("LITDATA_CACHE_DIR", str(tmp_path / "chunks"))  # not ~/.lightning/chunks
     monkeypatch.chdir(tmp_path)
     assert run_cli("fit", *fast_args("s3://data/shapes")) == 0  # type: ignore[arg-type]

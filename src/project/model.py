@@ -115,6 +115,9 @@ def per_label_metrics(num_labels: int, threshold: float, prefix: str) -> MetricC
     return MetricCollection(metrics, prefix=prefix, compute_groups=False)
 
 
+TASKS = ("multiclass", "multilabel")  # the values of ImageClassifier's `task`
+
+
 def is_multilabel(model: object) -> bool:
     """Whether `model` gives each image any number of labels (its `task`); without a task: one class."""
     return getattr(model, "task", "multiclass") == "multilabel"

@@ -1,9 +1,14 @@
 """`python -m project optimize`: any image layout fit reads, as LitData shards per split (data/shards.py).
 
 The splits are the data module's own (folders, --data.val_split, --data.labels_csv), so the shards hold
-exactly the images and labels fit would train on. The files' bytes are stored as they are (no
-re-encode); `--max_side` stores larger images downscaled. The source is only read; an output that is
-not empty is refused (a second run never mixes with the first).
+exactly the images and labels fit would train on. Each split's samples are written in a seeded random
+order (--data.split_seed): chunks and the windows LitData shuffles within then mix the classes, as a
+shuffled folder does (in class order, most training batches held one class and a model stayed at
+chance). Each image is decoded once as training decodes it: a bad file stops the run with its name,
+or with --data.skip_bad_images is left out and listed in OUT/skipped_files.txt. The files' bytes are
+stored as they are (no re-encode); `--max_side` stores larger images downscaled. The source is only
+read; an output that is not empty is refused (a second run never mixes with the first), and a split
+whose chunks do not hold every sample sent (a worker that died) stops the run before shards.json.
 """
 
 from __future__ import annotations
@@ -12,23 +17,27 @@ import inspect
 import io
 import multiprocessing
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from jsonargparse import ArgumentParser
 from PIL import Image
 
+from project.atomic import atomic_write
 from project.config_checks import positive_int
 from project.data import shards
 from project.data.datamodule import ImageDataModule, default_num_workers
-from project.data.decode import read_file
+from project.data.decode import BadImageError, decode_chw, read_file
 from project.data.index import ImageIndex
+from project.data.skipped import REPORT as SKIPPED
+from project.data.skipped import SkipLog
 from project.errors import UserError, exits_on_user_error
 
-CHUNK_BYTES = "64MB"  # LitData's advice for streaming from object storage: tens of MB per request
 # Where LitData stages chunks before moving or uploading them (litdata/processing/data_processor.py)
 STAGING = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
 
@@ -39,17 +48,26 @@ class Sample:
     Args:
         root: The folder the split's paths are relative to.
         max_side: Downscale images whose longer side exceeds it (re-encoded); None: bytes as they are.
+        skip_log: Where a file that does not decode is listed (and left out); None: it stops the run.
     """
 
-    def __init__(self, root: Path, max_side: int | None) -> None:
+    def __init__(self, root: Path, max_side: int | None, skip_log: SkipLog | None) -> None:
         self.root = root
         self.max_side = max_side
+        self.skip_log = skip_log
 
-    def __call__(self, item: tuple[str, Any, int]) -> dict[str, Any]:
+    def __call__(self, item: tuple[str, Any, int]) -> dict[str, Any] | None:
         path, label, sample_id = item
-        data = read_file(self.root / path)
-        if self.max_side is not None:
-            data = downscaled(data, self.max_side)
+        try:
+            data = read_file(self.root / path)
+            decode_chw(data, self.root / path)  # as training decodes it: found now, not hours into a run
+            if self.max_side is not None:
+                data = downscaled(data, self.max_side)
+        except BadImageError as e:
+            if self.skip_log is None:
+                raise
+            self.skip_log.add(Path(path), e.reason or str(e))
+            return None  # litdata.optimize writes nothing for None
         return {"image": data, "label": label, "id": sample_id, "path": path}
 
 
@@ -96,7 +114,15 @@ def parser() -> ArgumentParser:
         "`fit --data.root=OUT`: for data too many files or too remote for a folder loader.",
     )
     # the options that decide which images go into which split; the rest are for training
-    layout = {"root", "val_split", "split_seed", "num_classes", "labels_csv", "label_delimiter"}
+    layout = {
+        "root",
+        "val_split",
+        "split_seed",
+        "num_classes",
+        "labels_csv",
+        "label_delimiter",
+        "skip_bad_images",
+    }
     skip = set(inspect.signature(ImageDataModule.__init__).parameters) - layout - {"self"}
     p.add_class_arguments(ImageDataModule, "data", skip=skip)
     p.add_argument("--output", type=str, required=True, help="Folder or s3://bucket/prefix; must be empty.")
@@ -105,12 +131,18 @@ def parser() -> ArgumentParser:
     return p
 
 
-def write_split(index: ImageIndex, url: str, max_side: int | None, workers: int) -> dict[str, Any]:
-    """One split's images as shards at `url` (litdata.optimize); its image and class counts."""
+def write_split(
+    index: ImageIndex, url: str, max_side: int | None, workers: int, seed: int, skip_log: SkipLog | None
+) -> shards.SplitRecord:
+    """One split's images as shards at `url` (litdata.optimize), in a seeded random order; its counts.
+
+    The ids stay the images' positions in the split; the chunks hold them shuffled.
+    """
     labels = index.labels
+    order = np.random.default_rng(seed).permutation(len(index))
     items = [
-        (os.fsdecode(index.paths[i]), labels[i] if labels.ndim == 2 else int(labels[i]), i)
-        for i in range(len(index))
+        (os.fsdecode(index.paths[i]), labels[i] if labels.ndim == 2 else int(labels[i]), int(i))
+        for i in order
     ]
     print(f"{len(items)} images -> {url}", flush=True)
     # LitData sets the start method process-wide (force=True): put the caller's back afterwards, or
@@ -118,19 +150,52 @@ def write_split(index: ImageIndex, url: str, max_side: int | None, workers: int)
     previous = multiprocessing.get_start_method(allow_none=True)
     try:
         shards.litdata().optimize(
-            fn=Sample(index.root, max_side),
+            fn=Sample(index.root, max_side, skip_log),
             inputs=items,
             output_dir=url,
-            chunk_bytes=CHUNK_BYTES,
+            chunk_bytes=shards.CHUNK_BYTES,
             num_workers=min(workers, len(items)),
-            reorder_files=False,  # the ids stay the positions in the split
+            reorder_files=False,  # the seeded order above, not one by file size
             start_method="spawn",  # workers forked from a process with running threads can deadlock
         )
+    except RuntimeError as e:  # LitData re-raises a worker's error with the worker's traceback as text
+        raise worker_error(e, url) from None
     finally:
         multiprocessing.set_start_method(previous, force=True)
     if shards.is_url(url):
         shards.check_uploaded(url)
-    return {"count": len(index), "class_counts": index.class_counts()}
+    skipped = skipped_positions(index, skip_log)
+    kept = index.subset(np.setdiff1d(np.arange(len(index)), skipped))
+    written = shards.written_count(url)
+    if written != len(kept):
+        raise UserError(
+            f"optimize wrote {written} of the {len(kept)} samples of '{url}' (a worker stopped early: "
+            "see its error above); no shards.json was written, so these shards are not used.",
+            f"fix what the error names, then delete '{url.rsplit('/', 1)[0]}' and run optimize again.",
+        )
+    return shards.SplitRecord(len(kept), kept.class_counts(), len(skipped))
+
+
+def worker_error(error: RuntimeError, url: str) -> UserError:
+    """One line for a worker's error: a bad image's own message (with its fix), else the error's last line."""
+    text = str(error)
+    bad = re.search(rf"{BadImageError.__name__}: (?P<message>[^\n]*)", text)
+    if bad is not None:
+        return UserError(bad.group("message"))
+    last = next((line for line in reversed(text.splitlines()) if line.strip()), text)
+    return UserError(
+        f"optimize stopped writing '{url}': {last.strip()}",
+        "fix what it names, then run optimize again into an empty folder or prefix.",
+    )
+
+
+def skipped_positions(index: ImageIndex, skip_log: SkipLog | None) -> np.ndarray:
+    """The positions in `index` of the files the workers skipped as bad (listed in `skip_log`)."""
+    if skip_log is None or not any(skip_log.folder.glob(".skipped-*.part")):
+        return np.array([], dtype=np.int64)
+    report, _ = skip_log.merge()
+    listed = {line.split(b"\t", 1)[0] for line in report.read_bytes().splitlines()}
+    return np.array([i for i in range(len(index)) if bytes(index.paths[i]) in listed], dtype=np.int64)
 
 
 @exits_on_user_error
@@ -142,9 +207,9 @@ def main(argv: list[str]) -> None:
     positive_int("workers", workers)
     out = str(args.output)
     data = ImageDataModule(**args.data.as_dict())
-    if data.shards is not None:
+    if args.data.root is not None and args.data.labels_csv is None and shards.has_index(args.data.root):
         raise UserError(
-            f"--data.root '{data.shards}' holds shards already: optimize reads image files.",
+            f"--data.root '{args.data.root}' holds shards already: optimize reads image files.",
             "point --data.root at a folder of images (or --data.labels_csv at a labels CSV).",
         )
     if not shards.output_is_empty(out):
@@ -155,20 +220,34 @@ def main(argv: list[str]) -> None:
     if shards.is_url(out):
         shards.allow_plain_http()
     splits = data.splits  # the data module's layouts, checks and split rules
-    summary: dict[str, Any] = {}
-    with private_staging():
+    summary: dict[str, shards.SplitRecord] = {}
+    with private_staging(), tempfile.TemporaryDirectory(prefix="optimize-skipped-") as skipped:
         for name, index in splits.items():
-            summary[name] = write_split(index, shards.join(out, name), args.max_side, workers)
-    shards.write_index(
-        out,
-        {
-            "format": shards.FORMAT,
-            "task": data.task,
-            "class_names": list(splits["train"].class_names),
-            "splits": summary,
-            "source": str(data.root.resolve()),
-            "max_side": args.max_side,
-        },
+            skip_log = SkipLog(Path(skipped) / name) if args.data.skip_bad_images else None
+            url = shards.join(out, name)
+            summary[name] = write_split(index, url, args.max_side, workers, args.data.split_seed, skip_log)
+        report_skipped(out, Path(skipped))
+    record = shards.ShardsRecord(
+        data.task, tuple(splits["train"].class_names), summary, str(data.root.resolve()), args.max_side
     )
-    total = sum(s["count"] for s in summary.values())
+    shards.write_index(out, record)
+    total = sum(s.count for s in summary.values())
     print(f"Wrote {total} images in {len(summary)} splits to {out}; train with --data.root={out}")
+
+
+def report_skipped(out: str, folder: Path) -> None:
+    """OUT/skipped_files.txt: `split/path<TAB>reason` of each file left out as bad, when there were any."""
+    lines = [
+        f"{report.parent.name}/".encode() + line
+        for report in sorted(folder.glob(f"*/{SKIPPED}"))
+        for line in report.read_bytes().splitlines()
+    ]
+    if not lines:
+        return
+    text = b"".join(line + b"\n" for line in lines)
+    if shards.is_url(out):
+        bucket, key = shards.bucket_key(shards.join(out, SKIPPED))
+        shards.s3_client().put_object(Bucket=bucket, Key=key, Body=text)
+    else:
+        atomic_write(Path(out) / SKIPPED, text)
+    print(f"Skipped {len(lines)} unreadable file(s), listed in {shards.join(out, SKIPPED)}", flush=True)

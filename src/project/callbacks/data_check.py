@@ -11,7 +11,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from PIL import Image
 from typing_extensions import override
 
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
@@ -52,22 +51,24 @@ class DataCheck(Callback):
         self._batch_checked = False
         self._warn_short_run(trainer)
         num_classes = pl_module.hparams.get("num_classes")
-        # streamed shards (data/shards.py) have no index of files here: their counts were printed by optimize
-        shards = getattr(trainer.datamodule, "shards", None)
-        splits = getattr(trainer.datamodule, "splits", None) if shards is None else None
-        if not splits or num_classes is None:
+        # the data format's answers (data/source.py): image files, a labels CSV or shards alike
+        source = getattr(trainer.datamodule, "source", None)
+        if source is None or num_classes is None:
             return
         multilabel = is_multilabel(pl_module)
-        for split, index in splits.items():
-            check_labels(np.asarray(index.labels), num_classes, f"The {split} split", multilabel)
-        table = class_count_table(splits)
+        for split in source.split_names:
+            labels = source.labels(split)  # None: checked as each sample is read (shards)
+            if labels is not None:
+                check_labels(labels, num_classes, f"The {split} split", multilabel)
+        counts = {split: source.class_counts(split) for split in source.split_names}
+        table = class_count_table(counts)
         rank_zero_info(table)  # its class names are escaped: folder names may hold control characters
         log_text(trainer, "data_check/class_counts", table)
         balance = getattr(trainer.datamodule, "balance", "none")
-        for split, index in splits.items():
-            self._warn_imbalance(split, index.class_counts(), balance if split == "train" else None)
-        if "train" in splits:
-            warn_photos_with_shapes_defaults(trainer, splits["train"])
+        for split, split_counts in counts.items():
+            self._warn_imbalance(split, split_counts, balance if split == "train" else None)
+        if "train" in source.split_names:
+            warn_photos_with_shapes_defaults(trainer, source)
 
     def _warn_short_run(self, trainer: L.Trainer) -> None:
         """A run of a few optimizer steps (a small folder, a large batch, few epochs) ends where it began."""
@@ -135,7 +136,7 @@ class DataCheck(Callback):
         log_text(trainer, "data_check/first_batch", table)
 
 
-def warn_photos_with_shapes_defaults(trainer: L.Trainer, index: Any) -> None:
+def warn_photos_with_shapes_defaults(trainer: L.Trainer, source: Any) -> None:
     """Photos (a short side of 128 px or more) trained with the 64 px shapes defaults lose most of their
     detail, and a newcomer would not know which setting matters: point to the photo settings."""
     datamodule = trainer.datamodule
@@ -145,15 +146,9 @@ def warn_photos_with_shapes_defaults(trainer: L.Trainer, index: Any) -> None:
         "scale": scale,
         "max_epochs": trainer.max_epochs,
     }
-    if used != SHAPES_DEFAULTS or len(index) == 0:
+    if used != SHAPES_DEFAULTS:
         return
-    sizes = []
-    for i in np.linspace(0, len(index) - 1, min(PHOTO_SAMPLE, len(index))).astype(int):
-        try:
-            with Image.open(index.path(int(i))) as image:  # reads the header only
-                sizes.append(image.size)
-        except OSError:
-            continue  # unreadable files are reported by the loader, with their names
+    sizes = source.image_sizes("train", PHOTO_SAMPLE)  # headers only
     if not sizes:
         return
     width, height = (int(np.median([size[axis] for size in sizes])) for axis in (0, 1))
@@ -279,10 +274,10 @@ def batch_table(images: torch.Tensor, labels: torch.Tensor, num_classes: int | N
     return "\n".join(lines)
 
 
-def class_count_table(splits: dict[str, Any], rows: int = 20) -> str:
-    """Images per class and split, as a fixed-width table; past `rows` classes the largest and smallest
-    half of `rows` by the first split's count (10,000 classes would be 10,000 lines)."""
-    counts = {split: index.class_counts() for split, index in splits.items()}
+def class_count_table(counts: dict[str, dict[str, int]], rows: int = 20) -> str:
+    """Images per class and split (`counts`: split -> class -> images), as a fixed-width table; past `rows`
+    classes the largest and smallest half of `rows` by the first split's count (10,000 classes would be
+    10,000 lines)."""
     first = next(iter(counts.values()))
     names = list(first)
     title = "Data check: images per class"

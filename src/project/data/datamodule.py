@@ -43,8 +43,9 @@ from project.data.index import HoldOut, ImageIndex, Splits, hold_out, list_image
 from project.data.labels_csv import csv_splits
 from project.data.multishapes import generate_multishapes
 from project.data.shapes import generate_shapes
-from project.data.shards import has_index, join, litdata, read_index
+from project.data.shards import has_index, litdata
 from project.data.skipped import SkipLog
+from project.data.source import DataSource, FileSource
 from project.data.transforms import (
     MODES,
     AutoAugment,
@@ -251,10 +252,10 @@ class ImageDataModule(L.LightningDataModule):
             self.root = Path(root) if root is not None else EMBEDDED_ROOT
         self.embedded = root is None and labels_csv is None
         # shards made by `optimize` (data/shards.py): a folder with shards.json, or an s3:// URL
-        self.shards: str | None = (
+        self._shards_root: str | None = (
             str(root) if root is not None and labels_csv is None and has_index(root) else None
         )
-        if self.shards is not None:
+        if self._shards_root is not None:
             check_shard_options(cache, balance)
         self.val_split = val_split
         self.split_seed = split_seed
@@ -297,12 +298,12 @@ class ImageDataModule(L.LightningDataModule):
         """The splits as the data format stores them, `hold` giving one without val its split; the demo
         data sets are generated on first use. Each data format is one function returning the splits
         (docs/new-task.md, "Another data format")."""
-        if self.shards is not None:
-            source = self.shard_index.get("source", "the image folder they were made from")
+        if self._shards_root is not None:
+            made_from = self.source.record.source or "the image folder they were made from"
             raise UserError(
-                f"--data.root '{self.shards}' holds shards: fit, validate and test read them, this command "
-                "reads image files (folders or a labels CSV).",
-                f"point --data.root at the images the shards were made from ({source}).",
+                f"--data.root '{self._shards_root}' holds shards: fit, validate, test and export read them, "
+                "this command reads image files (folders or a labels CSV).",
+                f"point --data.root at the images the shards were made from ({made_from}).",
             )
         if self.embedded:
             shapes = "the embedded shapes data set (6 classes, 4,800 train and 600 val images)"
@@ -333,25 +334,32 @@ class ImageDataModule(L.LightningDataModule):
             )
 
     @cached_property
-    def shard_index(self) -> dict[str, Any]:
-        """The shards' shards.json (class names, counts per split, task), read once."""
-        if self.shards is None:
-            raise ValueError("not shards")
-        index = read_index(self.shards)
-        self._check_num_classes(tuple(index["class_names"]))
-        return index
+    def source(self) -> DataSource:
+        """The data format's answers (data/source.py): LitData shards, or image files split by a format."""
+        if self._shards_root is not None:
+            litdata()  # installed, or one line saying how
+            from project.data.streaming import ShardSource
+
+            shards = ShardSource(self._shards_root)
+            self._check_num_classes(shards.class_names)
+            return shards
+        return FileSource(self.splits, self.task, str(self.labels_csv or self.root), self.decoded)
+
+    def source_here(self) -> DataSource:
+        """The source when its data is on this machine (or in a bucket); ValueError saying why not."""
+        if self._shards_root is None and not self.root.is_dir():
+            raise ValueError(f"the data folder '{self.root}' is not on this machine")
+        return self.source
 
     @property
     def class_names(self) -> list[str]:
-        if self.shards is not None:
-            return list(self.shard_index["class_names"])
-        return list(self.splits["train"].class_names)
+        return list(self.source.class_names)
 
     @property
     def task(self) -> str:
         """multiclass (one class folder per image) or multilabel (labels from a CSV); linked to the model."""
-        if self.shards is not None:
-            return str(self.shard_index["task"])
+        if self._shards_root is not None:
+            return self.source.task  # shards.json's
         return "multilabel" if self.labels_csv is not None else "multiclass"
 
     @property
@@ -364,13 +372,8 @@ class ImageDataModule(L.LightningDataModule):
         so that every class weighs as much in total (sklearn's "balanced"); linked to the model."""
         if self.balance != "loss":
             return None
-        if self.shards is not None:
-            counts = np.array(
-                [self.shard_index["splits"]["train"]["class_counts"][n] for n in self.class_names]
-            )
-        else:
-            counts = np.bincount(self.splits["train"].labels, minlength=self.num_classes)
-        counts = np.maximum(counts, 1)
+        train = self.source.class_counts("train")
+        counts = np.maximum(np.array([train[name] for name in self.class_names]), 1)
         return (counts.sum() / (len(counts) * counts)).tolist()
 
     # ---- Lightning hooks ----
@@ -379,7 +382,7 @@ class ImageDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.skip_bad_images and self.trainer is not None and self.trainer.log_dir is not None:
             self.skip_log = SkipLog(Path(self.trainer.log_dir))
-        if self.shards is not None and stage != "predict":  # predict reads files: no bucket needed
+        if self._shards_root is not None and stage != "predict":  # predict reads files: no bucket needed
             self._setup_shards(stage)
             return
         if stage == "fit":
@@ -404,15 +407,12 @@ class ImageDataModule(L.LightningDataModule):
     def _setup_shards(self, stage: str) -> None:
         """The shards' splits as streaming data sets, with the same transforms as image files."""
         self._check_model_classes()
-        litdata()  # installed, or one line saying how
-        from project.data.streaming import ShardDataset
+        source = self.source
 
-        def split(name: str, transform: torch.nn.Module, shuffle: bool = False) -> ShardDataset:
+        def split(name: str, transform: torch.nn.Module, shuffle: bool = False) -> Dataset:
             # the shuffle's seed is --data.split_seed, fixed: a resumed run (even one with a random
             # --seed_everything) must draw the killed run's order for the loader's saved position to apply
-            return ShardDataset(
-                join(self.shards, name), transform, shuffle, self.split_seed, False, self.skip_bad_images
-            )
+            return source.dataset(name, transform, shuffle, self.split_seed, self.skip_bad_images)
 
         if stage == "fit":
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
@@ -422,12 +422,12 @@ class ImageDataModule(L.LightningDataModule):
         elif stage == "validate":
             self.datasets["val"] = split("val", self.eval_transform)
         elif stage == "test":
-            if "test" not in self.shard_index["splits"]:
+            if "test" not in source.split_names:
                 warnings.warn(
-                    f"'{self.shards}' has no test split: testing on the validation split.", stacklevel=2
+                    f"'{source.where}' has no test split: testing on the validation split.", stacklevel=2
                 )
             self.datasets["test"] = split(
-                "test" if "test" in self.shard_index["splits"] else "val", self.eval_transform
+                "test" if "test" in source.split_names else "val", self.eval_transform
             )
 
     def _decide_cache(self) -> bool:
@@ -486,7 +486,7 @@ class ImageDataModule(L.LightningDataModule):
         if model_names is not None and list(model_names) != self.class_names:
             raise UserError(
                 f"The model was trained on classes {list(model_names)}, "
-                f"but '{self.root}' has {self.class_names}.",
+                f"but '{self.source.where}' has {self.class_names}.",
                 "evaluate on data with the same class folders, or train a new model on this data.",
             )
 
@@ -520,7 +520,8 @@ class ImageDataModule(L.LightningDataModule):
             report, count = self.skip_log.merge()
             if count:
                 warnings.warn(
-                    f"{count} unreadable files were skipped; they are listed in '{report}'.", stacklevel=2
+                    f"{count} unreadable files were skipped; they are listed in '{report}'.",
+                    stacklevel=2,
                 )
 
     @override
@@ -561,16 +562,12 @@ class ImageDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset, train: bool = False) -> DataLoader:
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         if isinstance(dataset, IterableDataset):  # the shards (predict reads files)
-            from litdata import StreamingDataLoader
-
-            # LitData's loader: it shards by rank and worker itself and has a state_dict, which Lightning
-            # saves in the checkpoint and restores on --ckpt_path (resuming mid-epoch)
-            return StreamingDataLoader(
+            return self.source.loader(
                 dataset,
-                batch_size=self.batch_size,
+                self.batch_size,
+                train,
                 num_workers=self.num_workers,
                 pin_memory=on_gpu,
-                drop_last=train,
                 prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
                 collate_fn=self._collate(dataset),
                 worker_init_fn=worker_init,

@@ -15,18 +15,26 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NoReturn
 
 from project.atomic import atomic_write
 from project.errors import UserError
+from project.model import TASKS, is_multilabel
 
 INDEX = "shards.json"
-FORMAT = 1
+# 2: samples in a seeded random order (format 1 wrote them in class order, which trains at chance)
+FORMAT = 2
 SPLITS = ("train", "val", "test")
 # A bucket that cannot be reached is an error within seconds, not boto3's minutes of retries
 CONNECT_TIMEOUT_S = 3
 ATTEMPTS = 2
+MAX_CLASSES = 100_000  # ImageNet-21k has 21,841: a file claiming more is not a data set
+CHUNK_BYTES = "64MB"  # LitData's advice for streaming from object storage: tens of MB per request
+MAX_INDEX_BYTES = 256 * 2**20  # shards.json and a split's index.json: a few KB per thousand chunks
 
 
 def litdata() -> Any:
@@ -35,7 +43,8 @@ def litdata() -> Any:
         import litdata
     except ModuleNotFoundError:
         raise UserError(
-            "Shards need LitData, which is not installed.", "pip install '.[shards]' (litdata and boto3)."
+            "Shards need LitData, which is not installed.",
+            "pip install '.[shards]' (litdata and boto3).",
         ) from None
     return litdata
 
@@ -84,42 +93,171 @@ def has_index(root: str | Path) -> bool:
     return (Path(root) / INDEX).is_file()
 
 
-def read_index(root: str | Path) -> dict[str, Any]:
-    """shards.json of `root`, checked: the task, class names and per-split counts."""
-    where = join(root, INDEX)
-    if is_url(root):
+def read_bytes(url: str, what: str) -> bytes:
+    """The bytes of file `url` (a path, or an s3:// object); one UserError when it is missing or unreadable.
+
+    `what` says where the file belongs, for the message ("the shard index of '<root>'", ...).
+    """
+    if is_url(url):
         from botocore.exceptions import BotoCoreError, ClientError
 
-        bucket, key = bucket_key(where)
+        bucket, key = bucket_key(url)
         try:
-            text = s3_client().get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+            return bytes(s3_client().get_object(Bucket=bucket, Key=key)["Body"].read())
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise UserError(
-                    f"'{where}' does not exist: '{root}' holds no shards made by `optimize`.",
-                    f"run `python -m project optimize --data.root=IMAGES --output {root}` first.",
-                ) from None
-            raise s3_problem(where, e) from None
+                raise missing(url, what) from None
+            raise s3_problem(url, e) from None
         except BotoCoreError as e:
-            raise s3_problem(where, e) from None
-    else:
-        text = Path(where).read_text()
+            raise s3_problem(url, e) from None
     try:
-        index = json.loads(text)
-        ok = index.get("format") == FORMAT and {"train", "val"} <= set(index["splits"])
-    except (ValueError, AttributeError, KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise UserError(
-            f"'{where}' is not a shard index of format {FORMAT} with train and val splits.",
-            "make the shards again with this version's `python -m project optimize`.",
+        info = os.stat(url)
+        if not stat.S_ISREG(info.st_mode):  # a pipe or device would block or never end
+            raise damaged(url, "it is not a regular file")
+        if info.st_size > MAX_INDEX_BYTES:
+            raise damaged(url, f"it has {info.st_size:,} bytes (an index has at most {MAX_INDEX_BYTES:,})")
+        return Path(url).read_bytes()
+    except FileNotFoundError:
+        raise missing(url, what) from None
+    except OSError as e:
+        raise damaged(url, f"it cannot be read ({e.strerror or e})") from None
+
+
+def missing(url: str, what: str) -> UserError:
+    return UserError(
+        f"'{url}' does not exist: {what} of complete shards made by `optimize` is missing.",
+        "point --data.root at shards made by `python -m project optimize`, or make them again into a new "
+        "folder (an interrupted optimize leaves no shards.json).",
+    )
+
+
+def damaged(url: str, problem: str) -> UserError:
+    """The one message for a shard file that is not what `optimize` writes."""
+    return UserError(
+        f"Shards file '{url}' is not what `optimize` writes: {problem}.",
+        "make the shards again with `python -m project optimize` from the images, or ask whoever made them "
+        "for a complete copy.",
+    )
+
+
+@dataclass(frozen=True)
+class SplitRecord:
+    """One split in shards.json: its samples, the samples per class, and the files left out as bad
+    (`optimize --data.skip_bad_images`; the ids, positions among all the split's files, run to
+    count + skipped)."""
+
+    count: int
+    class_counts: dict[str, int]
+    skipped: int = 0
+
+
+@dataclass(frozen=True)
+class ShardsRecord:
+    """shards.json, checked: what the template needs before it reads a chunk.
+
+    Args:
+        task: multiclass (one class per sample) or multilabel (a multi-hot row per sample).
+        class_names: The classes, in label order.
+        splits: train and val, and test when the data has one.
+        source: The image folder the shards were made from (shown in messages only).
+        max_side: `optimize --max_side`, or None.
+    """
+
+    task: str
+    class_names: tuple[str, ...]
+    splits: dict[str, SplitRecord]
+    source: str
+    max_side: int | None
+
+    def to_json(self) -> str:
+        record = {"format": FORMAT, **asdict(self), "class_names": list(self.class_names)}
+        return json.dumps(record, indent=2) + "\n"
+
+
+def _whole(value: Any, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def parse_record(text: bytes, where: str) -> ShardsRecord:
+    """shards.json's text as a ShardsRecord; one UserError naming the first key that is not as written."""
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise damaged(where, f"it is not JSON ({e})") from None
+
+    def refuse(key: str, expected: str) -> NoReturn:
+        value = data
+        for part in key.split(".") if isinstance(data, dict) else ():
+            value = value.get(part) if isinstance(value, dict) else None
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise damaged(where, f"'{key}' is {shown}; expected {expected}")
+
+    if not isinstance(data, dict):
+        refuse("(the whole file)", "a JSON object")
+    if data.get("format") != FORMAT:
+        refuse("format", f"{FORMAT} (shards of another version of the template)")
+    task = data.get("task")
+    if task not in TASKS:
+        refuse("task", f"one of {', '.join(TASKS)}")
+    names = data.get("class_names")
+    if not (isinstance(names, list) and all(isinstance(n, str) and 0 < len(n) <= 255 for n in names)):
+        refuse("class_names", "a list of class names, strings of 1 to 255 characters")
+    if len(set(names)) != len(names):
+        refuse("class_names", "distinct names")
+    multilabel = is_multilabel(SimpleNamespace(task=task))
+    if not (1 if multilabel else 2) <= len(names) <= MAX_CLASSES:
+        refuse("class_names", f"{1 if multilabel else 2} to {MAX_CLASSES:,} classes")
+    splits = data.get("splits")
+    if not (isinstance(splits, dict) and {"train", "val"} <= set(splits) <= set(SPLITS)):
+        refuse("splits", "an object with train and val (and optionally test)")
+    present = [name for name in SPLITS if name in splits]
+    records = {name: _split_record(splits[name], name, names, multilabel, refuse) for name in present}
+    source = data.get("source", "")
+    if not isinstance(source, str):
+        refuse("source", "the image folder's path, a string")
+    max_side = data.get("max_side")
+    if max_side is not None and not _whole(max_side, 1):
+        refuse("max_side", "null or a positive whole number of pixels")
+    return ShardsRecord(task, tuple(names), records, source, max_side)
+
+
+def _split_record(value: Any, name: str, names: list[str], multilabel: bool, refuse: Any) -> SplitRecord:
+    key = f"splits.{name}"
+    if not isinstance(value, dict):
+        refuse(key, "an object with count and class_counts")
+    count, counts, skipped = value.get("count"), value.get("class_counts"), value.get("skipped", 0)
+    if not _whole(count, 1):
+        refuse(f"{key}.count", "a whole number of samples, at least 1 (an empty split trains nothing)")
+    if not _whole(skipped):
+        refuse(f"{key}.skipped", "a whole number of files left out, at least 0")
+    if not (isinstance(counts, dict) and list(counts) == names and all(_whole(n) for n in counts.values())):
+        refuse(f"{key}.class_counts", "a count (a whole number >= 0) for each class, in class_names' order")
+    total = sum(counts.values())
+    if not multilabel and total != count:
+        refuse(
+            f"{key}.class_counts",
+            f"counts adding up to the split's count {count} (they add up to {total})",
         )
-    return index
+    if multilabel and max(counts.values()) > count:
+        refuse(f"{key}.class_counts", f"counts of at most the split's count {count}")
+    return SplitRecord(count, dict(counts), skipped)
 
 
-def write_index(root: str | Path, index: dict[str, Any]) -> None:
+def read_index(root: str | Path) -> ShardsRecord:
+    """shards.json of `root`, checked (parse_record)."""
+    where = join(root, INDEX)
+    return parse_record(read_bytes(where, "the shard index (shards.json)"), where)
+
+
+def written_count(url: str) -> int:
+    """The samples LitData's index.json at split `url` says its chunks hold (0 when it has none)."""
+    raw = read_bytes(join(url, "index.json"), "the split's LitData index (index.json)")
+    return sum(int(chunk["chunk_size"]) for chunk in json.loads(raw).get("chunks") or [])
+
+
+def write_index(root: str | Path, record: ShardsRecord) -> None:
     """Write shards.json last: its presence marks the shards complete."""
-    text = json.dumps(index, indent=2) + "\n"
+    text = record.to_json()
     if is_url(root):
         bucket, key = bucket_key(join(root, INDEX))
         s3_client().put_object(Bucket=bucket, Key=key, Body=text.encode())

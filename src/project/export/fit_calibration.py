@@ -13,15 +13,15 @@ predict, infer and serve.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset, default_collate
+from torch.utils.data import DataLoader, default_collate
 from torchmetrics.classification import MulticlassCalibrationError
 
-from project.data.dataset import ImageDataset, collate_skipping_none
+from project.data.dataset import collate_skipping_none
+from project.data.source import data_at_hand
 from project.data.transforms import Interpolation, eval_transform
 from project.deploy import calibration
 
@@ -44,21 +44,14 @@ def validation_loader(
 
     Images the data module holds decoded (`--data.cache`) are read from memory, in this process.
     """
-    root = getattr(datamodule, "root", None)
-    if datamodule is None or root is None:
-        raise ValueError("no data module was given (pass --data.root, or export from `fit`)")
-    if not Path(root).is_dir():
-        raise ValueError(f"the data folder '{root}' is not on this machine")
-    index = datamodule.splits["val"]
-    if len(index) == 0:
-        raise ValueError(f"'{root}' has no validation images")
+    source = data_at_hand(datamodule)  # image files or shards alike
+    if source.count("val") == 0:
+        raise ValueError(f"'{source.where}' has no validation images")
     # decoded at setup by --data.cache (the export at the end of fit): read there, no workers to start
     decoded = (getattr(datamodule, "decoded", None) or {}).get("val")
     # --data.skip_bad_images holds here as in training: a file that does not decode is left out
     skip = bool(getattr(datamodule, "skip_bad_images", False))
-    dataset = ImageDataset(index, eval_transform(size, crop_ratio, interpolation), skip, cache=decoded)
-    if len(index) > MAX_IMAGES:
-        dataset = Subset(dataset, np.linspace(0, len(index) - 1, MAX_IMAGES).astype(int).tolist())
+    dataset = source.samples("val", MAX_IMAGES, eval_transform(size, crop_ratio, interpolation), skip)
     workers = 0 if decoded is not None else int(getattr(datamodule, "num_workers", 0) or 0)
     collate = collate_skipping_none if skip else default_collate
     return DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)

@@ -22,7 +22,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from project.atomic import atomic_files, atomic_symlink
-from project.data.dataset import ImageDataset, collate_skipping_none
+from project.data.dataset import collate_skipping_none
+from project.data.source import data_at_hand
 from project.data.transforms import Interpolation, eval_transform
 from project.deploy.sidecar import Sidecar
 from project.errors import UserError
@@ -43,11 +44,10 @@ class TrainingImages:
         count: int = CALIBRATION_IMAGES,
         interpolation: Interpolation = "bilinear",
     ):
-        index = datamodule.splits["train"]
-        picks = np.linspace(0, len(index) - 1, min(count, len(index))).astype(int)
         # --data.skip_bad_images holds here as in training: a file that does not decode is left out
         skip = bool(getattr(datamodule, "skip_bad_images", False))
-        dataset = ImageDataset(index.subset(picks), eval_transform(size, crop_ratio, interpolation), skip)
+        transform = eval_transform(size, crop_ratio, interpolation)
+        dataset = data_at_hand(datamodule).samples("train", count, transform, skip)  # files or shards
         loader = DataLoader(dataset, batch_size=32, collate_fn=collate_skipping_none if skip else None)
         self._batches = fit_calibration.good_batches(loader)
 
@@ -68,13 +68,13 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
     float_sidecar = Sidecar.load(onnx_path.with_suffix(".json"))
     size, crop_ratio = float_sidecar.image_size, float_sidecar.crop_ratio
     interpolation = float_sidecar.interpolation
-    root = getattr(datamodule, "root", None)
-    if root is None or not Path(root).is_dir():
+    try:
+        data_at_hand(datamodule)
+    except ValueError as e:
         raise UserError(
-            "--quantize int8 calibrates on training images, but the data is not on this machine"
-            + (f" ('{root}')." if root else "."),
-            "pass --data.root=PATH of the training data (its train/ split is read).",
-        )
+            f"--quantize int8 calibrates on training images, but {e}.",
+            "pass --data.root=PATH of the training data, image files or shards (its train split is read).",
+        ) from None
     final = onnx_path.with_name(f"{onnx_path.stem}-int8.onnx")
     sidecar = final.with_suffix(".json")
     with atomic_files(final, sidecar) as [partial, sidecar_partial]:

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from project.data.decode import BadImageError, load_rgb
 from project.data.shapes import CLASSES, draw_shape
+from project.data.source import data_at_hand
 from project.data.transforms import Interpolation, eval_transform
 from project.errors import UserError
 from project.export.targets import TARGETS, Runner
@@ -26,37 +26,30 @@ class ExportError(UserError):
     """An export that failed verification: nothing was written under the final names."""
 
 
-def validation_images(datamodule: object, count: int = 7) -> list[Path]:
-    """A few validation files of `datamodule` to verify exports on, or none when it is not files on disk."""
-    root = getattr(datamodule, "root", None)
-    if root is None or not Path(root).is_dir() or getattr(datamodule, "shards", None) is not None:
-        return []
-    index = datamodule.splits["val"]
-    step = max(1, len(index) // count)
-    picks = [index.path(i) for i in range(0, len(index), step)]
-    if getattr(datamodule, "skip_bad_images", False):
-        picks = [path for path in picks if _decodes(path)]  # as in training: undecodable files left out
-    return picks[:count]
-
-
-def _decodes(path: Path) -> bool:
+def validation_images(datamodule: object, count: int = 7) -> list[torch.Tensor]:
+    """A few validation images of `datamodule` (decoded uint8 [3, H, W]; from files or shards, as its
+    source holds them) to verify exports on, or none when its data is not at hand."""
     try:
-        load_rgb(path)
-    except BadImageError:
-        return False
-    return True
+        source = data_at_hand(datamodule)
+    except ValueError:
+        return []
+    # --data.skip_bad_images holds here as in training: an image that does not decode is left out
+    picks = source.samples(
+        "val", count, lambda image: image, bool(getattr(datamodule, "skip_bad_images", False))
+    )
+    return [sample[0] for sample in (picks[i] for i in range(len(picks))) if sample is not None]
 
 
 def verification_batches(
-    size: int, crop_ratio: float, images: Sequence[Path], interpolation: Interpolation = "bilinear"
+    size: int, crop_ratio: float, images: Sequence[torch.Tensor], interpolation: Interpolation = "bilinear"
 ) -> dict[str, torch.Tensor]:
-    """Random uint8 batches of 1 and 7, and 1 and 7 real images (given files, else drawn shapes), the
-    real ones resized with the run's `interpolation`."""
+    """Random uint8 batches of 1 and 7, and 1 and 7 real images (given decoded images, else drawn shapes),
+    the real ones resized with the run's `interpolation`."""
     generator = torch.Generator().manual_seed(0)
     random = torch.randint(0, 256, (7, 3, size, size), dtype=torch.uint8, generator=generator)
     transform = eval_transform(size, crop_ratio, interpolation)
     if images:
-        real = torch.stack([transform(load_rgb(Path(p))) for p in list(images)[:7]])
+        real = torch.stack([transform(image) for image in list(images)[:7]])
     else:
         rng = np.random.default_rng(0)
         drawn = [draw_shape(CLASSES[i % len(CLASSES)], size, rng) for i in range(7)]

@@ -1,0 +1,116 @@
+"""A data source: what the data module, the data check and the export ask of a data format.
+
+Image folders and the labels CSV are a FileSource over their splits (data/index.py's `Splits`); LitData
+shards are a ShardSource (data/streaming.py). Code outside the data module asks `datamodule.source`
+and never which format it is:
+
+    source.where                  the folder, CSV or URL, for messages
+    source.task                   multiclass or multilabel
+    source.class_names            the classes, in label order
+    source.split_names            train, val and, when the data has one, test
+    source.class_counts(split)    samples per class (multi-label: samples that carry each label)
+    source.count(split)           samples in the split
+    source.labels(split)          every label of the split (numpy), or None where labels are checked as
+                                  each sample is read (shards: reading them all would read the data)
+    source.samples(split, n, transform, skip_bad_images)
+                                  up to n samples, evenly spaced, as a map-style data set of
+                                  (transformed image, label), None for a skipped bad image
+    source.image_sizes(split, n)  (width, height) of up to n samples, from their headers
+
+Training and evaluation data sets and loaders are the data module's for files (caching, batched
+augmentation, the balanced sampler) and the source's own for shards (`dataset`, `loader`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset, Subset
+
+from project.data.cache import DecodedImages
+from project.data.dataset import ImageDataset
+from project.data.index import Splits
+
+
+def data_at_hand(datamodule: object) -> DataSource:
+    """`datamodule.source` when its data can be read here; ValueError saying why not (an export from a
+    checkpoint whose images stayed on the training machine)."""
+    source_here = getattr(datamodule, "source_here", None)
+    if source_here is None:
+        raise ValueError("no data module was given (pass --data.root, or export from `fit`)")
+    return source_here()
+
+
+def evenly_spaced(length: int, count: int) -> list[int]:
+    """Up to `count` positions spread evenly over 0..length-1 (all of them when there are fewer)."""
+    if length == 0 or count <= 0:
+        return []
+    return sorted({int(i) for i in np.linspace(0, length - 1, min(count, length))})
+
+
+class DataSource(Protocol):
+    """The questions every data format answers (see the module's docstring)."""
+
+    where: str
+    task: str
+    class_names: tuple[str, ...]
+    split_names: tuple[str, ...]
+
+    def class_counts(self, split: str) -> dict[str, int]: ...
+
+    def count(self, split: str) -> int: ...
+
+    def labels(self, split: str) -> np.ndarray | None: ...
+
+    def samples(self, split: str, count: int, transform: Callable, skip_bad_images: bool) -> Dataset: ...
+
+    def image_sizes(self, split: str, count: int) -> list[tuple[int, int]]: ...
+
+
+class FileSource:
+    """Image files on disk, split by a data format (class folders or a labels CSV).
+
+    Args:
+        splits: The format's labelled splits.
+        task: multiclass or multilabel.
+        where: The folder or CSV, for messages.
+        decoded: The data module's decoded images by split (--data.cache), read instead of the files.
+    """
+
+    def __init__(
+        self, splits: Splits, task: str, where: str, decoded: Mapping[str, DecodedImages] | None = None
+    ) -> None:
+        self.splits = splits
+        self.task = task
+        self.where = where
+        self.class_names = tuple(splits["train"].class_names)
+        self.split_names = tuple(splits)
+        self.decoded = decoded if decoded is not None else {}
+
+    def class_counts(self, split: str) -> dict[str, int]:
+        return self.splits[split].class_counts()
+
+    def count(self, split: str) -> int:
+        return len(self.splits[split])
+
+    def labels(self, split: str) -> np.ndarray:
+        return self.splits[split].labels
+
+    def samples(self, split: str, count: int, transform: Callable, skip_bad_images: bool) -> Dataset:
+        index = self.splits[split]
+        data = ImageDataset(index, transform, skip_bad_images, cache=self.decoded.get(split))
+        return Subset(data, evenly_spaced(len(index), count))
+
+    def image_sizes(self, split: str, count: int) -> list[tuple[int, int]]:
+        index = self.splits[split]
+        sizes = []
+        for i in evenly_spaced(len(index), count):
+            try:
+                with Image.open(index.path(i)) as image:  # reads the header only
+                    sizes.append(image.size)
+            except OSError:
+                continue  # unreadable files are reported by the loader, with their names
+        return sizes
