@@ -15,6 +15,7 @@ import torch
 from project.audit.command import main as audit
 from project.data.datamodule import ImageDataModule
 from project.data.transforms import eval_transform
+from project.errors import UserError
 from project.optimize import main as optimize
 from tests.helpers import exit_status, fast_args, run_cli, workers_blocking_stop_signals
 
@@ -80,11 +81,34 @@ def test_max_side_stores_images_downscaled(flat_root: Path, tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_fit_and_validate_read_the_shards(shards: Path, workdir: Path) -> None:
-    assert run_cli("fit", *fast_args(shards)) == 0
-    ckpt = next((workdir / "checkpoints").rglob("*.ckpt"))
+def test_fit_and_validate_read_the_shards_and_the_fit_ends_with_a_verified_export(
+    shards: Path, workdir: Path
+) -> None:
+    assert run_cli("fit", *fast_args(shards, "--export_best.enabled=true")) == 0
+    ckpt = next((workdir / "checkpoints").rglob("epoch=*.ckpt"))
     assert torch.load(ckpt, weights_only=False)["hyper_parameters"]  # a checkpoint like from folders
+    assert_verified_export(ckpt.parent)
     assert run_cli("validate", *fast_args(shards)[:2], f"--ckpt_path={ckpt}") == 0
+
+
+def assert_verified_export(folder: Path) -> None:
+    """The export beside the checkpoints passed verification on real images and read its data."""
+    sidecar = json.loads((folder / "latest.json").read_text())
+    assert sidecar["verification"]["passed"] and (folder / "latest.onnx").is_file()
+    assert "holds shards" not in json.dumps(sidecar) and "not on this machine" not in json.dumps(sidecar)
+
+
+def test_the_export_reads_its_images_from_the_shards(shards: Path) -> None:
+    from project.export import validation_images
+    from project.export.fit_calibration import validation_loader
+    from project.export.quantize import TrainingImages
+
+    data = ImageDataModule(root=str(shards), image_size=32, num_workers=0)
+    images = validation_images(data)
+    assert len(images) == 7 and all(i.dtype == torch.uint8 and i.shape == (3, 32, 32) for i in images)
+    assert sum(len(labels) for _, labels in validation_loader(data, 32, 0.875)) == 24
+    calibration = TrainingImages(data, 32, 0.875)
+    assert sum(len(batch["images"]) for batch in iter(calibration.get_next, None)) == 48
 
 
 def test_audit_on_shards_says_it_reads_image_files(shards: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -160,12 +184,36 @@ def test_optimize_to_a_bucket_fit_and_read_it_back(
     assert (
         exit_status(optimize, f"--data.root={shapes_root}", "--output=s3://data/shapes", "--workers=1") == 0
     )
-    assert read_index("s3://data/shapes")["splits"]["val"]["count"] == 24
+    assert read_index("s3://data/shapes").splits["val"].count == 24
     assert sorted(ids("s3://data/shapes", "val")) == list(range(24))
     monkeypatch.setenv("LITDATA_CACHE_DIR", str(tmp_path / "chunks"))  # not ~/.lightning/chunks
     monkeypatch.chdir(tmp_path)
-    assert run_cli("fit", *fast_args("s3://data/shapes")) == 0  # type: ignore[arg-type]
-    assert list((tmp_path / "checkpoints").rglob("*.ckpt"))
+    assert run_cli("fit", *fast_args("s3://data/shapes", "--export_best.enabled=true")) == 0  # type: ignore[arg-type]
+    assert_verified_export(next((tmp_path / "checkpoints").rglob("last.ckpt")).parent)
+
+
+@pytest.mark.slow
+def test_chunk_names_in_a_bucket_that_climb_out_are_refused_and_nothing_is_written_outside(
+    s3_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from project.data.shards import s3_client
+    from tests.shard_files import edit_json, write_shards
+
+    local = write_shards(tmp_path / "made")
+    climbing = "../../../outside/chunk-0-0.bin"
+    edit_json(local / "train" / "index.json", lambda index: index["chunks"][0].update(filename=climbing))
+    client = s3_client()
+    client.create_bucket(Bucket="crafted")
+    for path in local.rglob("*"):
+        if path.is_file():
+            client.put_object(Bucket="crafted", Key=f"set/{path.relative_to(local)}", Body=path.read_bytes())
+    client.put_object(Bucket="crafted", Key=f"set/train/{climbing}", Body=b"x")  # S3 keys may hold '..'
+    cache = tmp_path / "deep" / "er" / "cache"
+    monkeypatch.setenv("LITDATA_CACHE_DIR", str(cache))
+    before = set(tmp_path.rglob("*"))
+    with pytest.raises(UserError, match=r"expected a plain name such as 'chunk-0-0\.bin'"):
+        ShardSource("s3://crafted/set").dataset("train", lambda image: image, True, 0, False)
+    assert {p for p in set(tmp_path.rglob("*")) - before if cache not in p.parents} == set()
 
 
 def test_unreachable_bucket_is_one_error_line_within_seconds(
