@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,9 +112,14 @@ def test_the_export_reads_its_images_from_the_shards(shards: Path) -> None:
     assert sum(len(batch["images"]) for batch in iter(calibration.get_next, None)) == 48
 
 
-def test_audit_on_shards_says_it_reads_image_files(shards: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert exit_status(audit, f"--data.root={shards}") == 2
-    assert "holds shards" in capsys.readouterr().err
+@pytest.mark.slow
+def test_audit_reads_the_images_of_the_shards_as_of_their_folder(shards: Path, workdir: Path) -> None:
+    tiny = [*fast_args(shards)[1:5], "--folds=2", "--epochs=1", "--trainer.enable_progress_bar=false"]
+    assert exit_status(audit, f"--data.root={shards}", *tiny, "--name=shards") == 0
+    rows = (workdir / "logs" / "shards" / "audit" / "oof_probabilities.csv").read_text().splitlines()[1:]
+    assert len(rows) == 72  # every image of every split, as from the folder (48 train + 24 val)
+    assert {row.split(",")[0].split("/")[0] for row in rows} == {"train", "val"}
+    assert not list(Path(tempfile.gettempdir()).glob("audit-shards-*"))  # the images' copy is gone
 
 
 @pytest.mark.slow

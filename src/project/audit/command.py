@@ -291,7 +291,10 @@ def main(argv: list[str]) -> None:
         with stop_on_ctrl_c():
             require_cleanlab()
             cli = AuditCLI(argv)
-            audit(cli)
+            try:
+                audit(cli)
+            finally:
+                cli.datamodule.close()  # the images of shards, copied for the audit
     except Stopped:
         sys.stdout.flush()
         print(

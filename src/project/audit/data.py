@@ -2,11 +2,13 @@
 
 An audit needs no split: a folder of class folders, `train/` alone, or a labels CSV without a split
 column are audited whole (their split is `all`, or `train`). Everything else is fit's index as is.
+Shards are audited from their images, written to a temporary folder first (multiclass shards).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from functools import cached_property
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import numpy as np
 
 from project.data.datamodule import ImageDataModule
 from project.data.index import ImageIndex
+from project.errors import UserError
+from project.model import is_multilabel
 
 WHOLE = "all"  # the split name of images that belong to no split
 
@@ -23,6 +27,8 @@ class AuditDataModule(ImageDataModule):
 
     @cached_property
     def splits(self) -> dict[str, ImageIndex]:
+        if self._shards_root is not None:
+            self._extract_shards()
         if self.val_split is not None:
             return ImageDataModule.splits.func(self)  # split as fit would split it
         # a layout that fit would need --data.val_split for is audited as it is
@@ -30,6 +36,27 @@ class AuditDataModule(ImageDataModule):
         splits = self._read_splits(lambda index, problem, instead: {key: index})
         self._check_num_classes(next(iter(splits.values())).class_names)
         return splits
+
+    def _extract_shards(self) -> None:
+        """Shards are audited from their images, written once to a temporary folder that is then the root."""
+        source = self.source
+        if is_multilabel(source):
+            raise UserError(
+                f"audit reads multi-label data from a labels CSV; '{source.where}' holds multi-label shards.",
+                f"audit the images and CSV they were made from ({source.record.source or 'their folder'}).",
+            )
+        self._extracted = tempfile.TemporaryDirectory(prefix="audit-shards-")  # removed with this object
+        folder = Path(self._extracted.name)
+        print(f"Writing the images of '{source.where}' to '{folder}' for the audit (removed at its end)...")
+        source.extract(folder)
+        self.root, self._shards_root = folder, None
+        del self.source  # the files' source from now on
+
+    def close(self) -> None:
+        """Remove the shards' images copied for the audit, if any."""
+        extracted = self.__dict__.pop("_extracted", None)
+        if extracted is not None:
+            extracted.cleanup()
 
     @property
     def class_names(self) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing_extensions import override
 
 from project.atomic import atomic_write
 from project.data.decode import BadImageError, decode_chw
+from project.data.index import IMAGE_EXTENSIONS
 from project.data.shard_checks import FIELDS, CheckedSplit, check_split
 from project.data.shards import allow_plain_http, damaged, is_url, read_index
 from project.data.source import evenly_spaced
@@ -33,6 +35,7 @@ from project.model import is_multilabel
 from project.terminal import printable
 
 MAX_PATH_CHARS = 4096
+SAFE_NAME = re.compile(r"[^\w.-]")  # a stored file name, written as a name of one folder's
 
 
 def bucket_cache(split: CheckedSplit) -> str:
@@ -207,6 +210,20 @@ class ShardSource:
             except OSError:
                 continue  # reported by the loader, with the sample's name
         return sizes
+
+    def extract(self, folder: Path) -> None:
+        """Write every sample's image as a file, `folder/<split>/<class>/<id>-<file name>` (multiclass), for
+        the commands that read image folders (`audit`). Each sample is checked as it is read."""
+        for split in self.split_names:
+            data = self.dataset(split, lambda image: image, shuffle=False, seed=0, skip_bad_images=True)
+            for i in range(len(data)):
+                sample = data.read(i)
+                name = SAFE_NAME.sub("_", os.path.basename(sample["path"]))[-100:]
+                if os.path.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
+                    name += ".jpg"  # listed as an image; decoding reads the bytes' own format
+                target = folder / split / self.class_names[sample["label"]] / f"{sample['id']:07d}-{name}"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(bytes(sample["image"]))
 
     def loader(
         self, dataset: ShardDataset, batch_size: int, train: bool, **options: Any
