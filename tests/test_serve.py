@@ -664,13 +664,13 @@ def test_an_unforeseen_error_is_a_json_500_counted_in_metrics(
     )
     application = serve_app.create_app(ModelSlot(exports / "latest.onnx"), settings)
 
-    async def scenario() -> tuple[tuple[int, dict], tuple[int, dict]]:
-        return await call(application, "POST", "/predict", images["red.jpg"]), await call(
+    async def scenario() -> tuple[tuple[int, dict, dict[str, str]], tuple[int, dict]]:
+        return await call_with_headers(application, "POST", "/predict", images["red.jpg"]), await call(
             application, "GET", "/metrics"
         )
 
-    (status, answer), (_, metrics) = asyncio.run(scenario())
-    assert status == 500
+    (status, answer, headers), (_, metrics) = asyncio.run(scenario())
+    assert (status, headers["x-content-type-options"]) == (500, "nosniff")  # answered outside middleware
     assert answer == {"error": "Internal error (RuntimeError); the service goes on. See the server log."}
     assert metrics["responses_by_status"] == {"500": 1}
 
