@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pkgutil
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from PIL import Image
 
 from project import deploy
@@ -30,6 +33,11 @@ from tests.test_serve import encode, point_latest, predict, tiny_export
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 PACKAGE = deploy.__name__.partition(".")[0]
+DOCKERFILE = DEPLOY / "Dockerfile"
+LOCK = DEPLOY / "requirements.lock"
+# what the base image the Dockerfile pins holds to build the package with (--no-build-isolation); a
+# new venv of Python 3.11 has setuptools 65.5 without wheel, which cannot build a wheel
+BASE_IMAGE_BUILD_TOOLS = ["setuptools==79.0.1", "wheel==0.46.3"]
 TRAINING_ONLY = {"torch", "torchvision", "lightning", "torchmetrics", "onnx", "onnxscript"}
 
 pytestmark = pytest.mark.skipif(not DEPLOY.is_dir(), reason="this copy of the template has no deploy/")
@@ -81,6 +89,66 @@ def test_the_serving_dependencies_are_the_training_package_s_with_the_same_bound
     }
 
 
+def pip_installs(dockerfile: str) -> list[list[str]]:
+    """The `python -m pip install ...` commands of the Dockerfile's RUN instructions, as argument lists."""
+    joined = re.sub(r"\\\n", " ", dockerfile)  # continuation lines
+    runs = [line[4:] for line in joined.splitlines() if line.startswith("RUN ")]
+    commands = [shlex.split(part) for run in runs for part in run.split("&&")]
+    return [c for c in commands if c[:4] == ["python", "-m", "pip", "install"]]
+
+
+def locked(lock: str) -> dict[str, tuple[str, list[str], list[str]]]:
+    """{name: (version, hashes, what it is there for)} of a requirements lock with hashes and `# via`."""
+    entries: dict[str, tuple[str, list[str], list[str]]] = {}
+    name = ""
+    for line in lock.splitlines():
+        if found := re.match(r"([A-Za-z0-9._-]+)==([^\s;\\]+)", line):
+            name = canonicalize_name(found.group(1))
+            entries[name] = (found.group(2), [], [])
+        elif found := re.search(r"--hash=(sha256:[0-9a-f]{64})", line):
+            entries[name][1].append(found.group(1))
+        elif name and (why := line.strip().lstrip("#").strip().removeprefix("via").strip()):
+            entries[name][2].append(why)  # `# via NAME`, or `# via` then `#   NAME` lines
+    return entries
+
+
+def test_the_serving_image_is_pinned_by_digest_and_installs_its_lock_with_hashes() -> None:
+    """deploy/Dockerfile's base is a digest and its dependencies come from deploy/requirements.lock only,
+    hash-checked; the lock holds exactly deploy/pyproject.toml's dependencies, within their bounds."""
+    dockerfile = DOCKERFILE.read_text()
+    base = re.search(r"^FROM python:(\d+\.\d+)-slim@sha256:[0-9a-f]{64}$", dockerfile, re.MULTILINE)
+    assert base, "the base image is pinned by tag only"
+    lock_install, package_install = pip_installs(dockerfile)
+    assert {"--require-hashes", "--only-binary=:all:"} <= set(lock_install), lock_install
+    assert lock_install[lock_install.index("-r") + 1] == "deploy/requirements.lock"
+    assert "--no-deps" in package_install and package_install[-1] == "./deploy", package_install
+
+    lock = LOCK.read_text()
+    generated_by = re.search(r"^#\s+uv pip compile .*$", lock, re.MULTILINE)
+    assert generated_by and "--generate-hashes" in generated_by.group(0)
+    assert f"--python-version {base.group(1)} " in generated_by.group(0)  # the image's Python
+    assert "--python-platform x86_64-unknown-linux-gnu" in generated_by.group(0)
+    entries = locked(lock)
+    assert all(hashes for _, hashes, _ in entries.values()), "a locked package without hashes"
+    tomllib = pytest.importorskip("tomllib")
+    declared = [
+        Requirement(r)
+        for r in tomllib.loads((DEPLOY / "pyproject.toml").read_text())["project"]["dependencies"]
+    ]
+    image = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
+    image |= {"python_version": base.group(1), "implementation_name": "cpython"}
+    wanted = {canonicalize_name(r.name): r for r in declared if r.marker is None or r.marker.evaluate(image)}
+    top_level = {
+        name for name, (_, _, via) in entries.items() if "project-deploy (deploy/pyproject.toml)" in via
+    }
+    assert top_level == set(wanted), "deploy/requirements.lock is out of date: regenerate it (docs/deploy.md)"
+    for name, requirement in wanted.items():
+        version = entries[name][0]
+        assert requirement.specifier.contains(version, prereleases=True), (
+            f"{name}=={version} vs {requirement}"
+        )
+
+
 def copy_sources(build: Path) -> None:
     """src/<package> and deploy/ side by side, links kept: what deploy/Dockerfile copies."""
     skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
@@ -90,14 +158,16 @@ def copy_sources(build: Path) -> None:
 
 @pytest.fixture(scope="module")
 def serving_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new virtual environment, `pip install ./deploy` as deploy/Dockerfile runs it; returns its bin/."""
+    """A new virtual environment, installed by deploy/Dockerfile's own pip commands; returns its bin/."""
     base = tmp_path_factory.mktemp("serving")
     copy_sources(base / "build")
     subprocess.run([sys.executable, "-m", "venv", str(base / "venv")], check=True, timeout=120)
     python = base / "venv" / "bin" / "python"
-    command = [str(python), "-m", "pip", "install", "--no-cache-dir", "--quiet", "./deploy"]
-    done = subprocess.run(command, cwd=base / "build", capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+    image = [["python", "-m", "pip", "install", "--quiet", *BASE_IMAGE_BUILD_TOOLS]]
+    for command in image + pip_installs(DOCKERFILE.read_text()):
+        command = [str(python), *command[1:], "--quiet"]
+        done = subprocess.run(command, cwd=base / "build", capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
     return python.parent
 
 
@@ -144,5 +214,8 @@ def test_the_serving_install_has_no_torch_and_serves_an_export(serving_env: Path
     assert answer["version"] == "run-a"
     names = [p["class_name"] for p in answer["predictions"]]
     assert names == expected[1] and names[0] == "blue"
-    fit = subprocess.run([str(serving_env / PACKAGE), "fit"], capture_output=True, text=True, cwd=tmp_path)
+    alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # its own package, not this checkout
+    fit = subprocess.run(
+        [str(serving_env / PACKAGE), "fit"], capture_output=True, text=True, cwd=tmp_path, env=alone
+    )
     assert fit.returncode == 2 and "is not part of this install" in fit.stderr

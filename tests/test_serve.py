@@ -35,6 +35,7 @@ from PIL import Image
 
 from project.deploy.classifier import Classifier
 from project.deploy.serve import app as serve_app
+from project.deploy.serve import command as serve_command
 from project.deploy.serve import service as serve_service
 from project.deploy.serve.batching import Batcher
 from project.deploy.serve.bodies import Limits
@@ -606,9 +607,20 @@ def test_reload_swaps_the_model_and_a_failed_reload_keeps_it(
         assert served.stop() == 0
 
 
-async def call(app: object, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:
+async def call(
+    app: object, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, dict]:
     """(status, JSON answer) of one request sent to the ASGI app in this process."""
+    return (await call_with_headers(app, method, path, body, headers))[:2]
+
+
+async def call_with_headers(
+    app: object, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, dict, dict[str, str]]:
+    """(status, JSON answer, answer headers) of one request sent to the ASGI app in this process."""
     sent: list[dict] = []
+    sent_headers = [(b"content-type", b"image/jpeg"), (b"content-length", str(len(body)).encode())]
+    sent_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -619,7 +631,7 @@ async def call(app: object, method: str, path: str, body: bytes = b"") -> tuple[
         "raw_path": path.encode(),
         "root_path": "",
         "query_string": b"",
-        "headers": [(b"content-type", b"image/jpeg"), (b"content-length", str(len(body)).encode())],
+        "headers": sent_headers,
         "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 80),
     }
@@ -632,8 +644,11 @@ async def call(app: object, method: str, path: str, body: bytes = b"") -> tuple[
 
     with suppress(RuntimeError):  # Starlette raises an unhandled error again once it has answered 500
         await app(scope, receive, send)  # type: ignore[operator]
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    answered = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    is_json = answered.get("content-type") == "application/json"
+    return start["status"], json.loads(body) if is_json else {"text": body.decode()}, answered
 
 
 def test_an_unforeseen_error_is_a_json_500_counted_in_metrics(
@@ -649,15 +664,115 @@ def test_an_unforeseen_error_is_a_json_500_counted_in_metrics(
     )
     application = serve_app.create_app(ModelSlot(exports / "latest.onnx"), settings)
 
-    async def scenario() -> tuple[tuple[int, dict], tuple[int, dict]]:
-        return await call(application, "POST", "/predict", images["red.jpg"]), await call(
+    async def scenario() -> tuple[tuple[int, dict, dict[str, str]], tuple[int, dict]]:
+        return await call_with_headers(application, "POST", "/predict", images["red.jpg"]), await call(
             application, "GET", "/metrics"
         )
 
-    (status, answer), (_, metrics) = asyncio.run(scenario())
-    assert status == 500
+    (status, answer, headers), (_, metrics) = asyncio.run(scenario())
+    assert (status, headers["x-content-type-options"]) == (500, "nosniff")  # answered outside middleware
     assert answer == {"error": "Internal error (RuntimeError); the service goes on. See the server log."}
     assert metrics["responses_by_status"] == {"500": 1}
+
+
+ALLOWED = "https://app.example.com"
+
+
+def test_pages_of_other_sites_are_refused_and_every_answer_is_nosniff(exports: Path) -> None:
+    """A form on any web page can POST to /predict without a CORS preflight: only the service's own
+    pages and --allow_origin's may; programs, which send no Origin, are not affected."""
+    limits = Limits(max_body_bytes=2**20, max_pixels=10**6, read_timeout_s=5)
+    settings = Settings(
+        top_k=3,
+        max_batch_size=4,
+        max_wait_ms=1,
+        max_pending=8,
+        decode_threads=1,
+        limits=limits,
+        allow_origins=(ALLOWED,),
+    )
+    application = serve_app.create_app(ModelSlot(exports / "latest.onnx"), settings)
+    own = {"Host": "127.0.0.1:8000"}
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    requests = {  # name: (method, path, headers)
+        "foreign": ("POST", "/predict", {**own, "Origin": "https://evil.example"}),
+        "sandboxed": ("POST", "/predict", {**own, "Origin": "null"}),
+        "look-alike": ("POST", "/predict", {**own, "Origin": "http://127.0.0.1:8000.evil.example"}),
+        "foreign preflight": ("OPTIONS", "/predict", {**own, "Origin": "https://evil.example", **preflight}),
+        "own": ("GET", "/health", {**own, "Origin": "http://127.0.0.1:8000"}),
+        "own via TLS proxy": (
+            "GET",
+            "/health",
+            {"Host": "models.example", "Origin": "https://models.example"},
+        ),
+        "no origin": ("GET", "/health", own),
+        "allowed": ("GET", "/health", {**own, "Origin": ALLOWED}),
+        "allowed preflight": ("OPTIONS", "/predict", {**own, "Origin": ALLOWED, **preflight}),
+        "no route": ("GET", "/nope", own),
+        "no image": ("POST", "/predict", {**own, "Origin": "http://127.0.0.1:8000"}),
+    }
+
+    async def scenario() -> dict[str, tuple[int, dict, dict[str, str]]]:
+        return {
+            name: await call_with_headers(application, method, path, b"", headers)
+            for name, (method, path, headers) in requests.items()
+        }
+
+    answers = asyncio.run(scenario())
+    for name in ("foreign", "sandboxed", "look-alike", "foreign preflight"):
+        status, answer, headers = answers[name]
+        assert (status, headers["connection"]) == (403, "close"), (name, answer)
+        origin = requests[name][2]["Origin"]
+        assert answer["error"].startswith(f"Requests from the web page origin '{origin}' are refused.")
+        assert "Fix:" in answer["error"] and "--allow_origin" in answer["error"]
+        assert "access-control-allow-origin" not in headers
+    for name in ("own", "own via TLS proxy", "no origin", "allowed"):
+        assert answers[name][:2] == (200, {"status": "ok", "version": "run-a"}), name
+    assert answers["allowed"][2]["access-control-allow-origin"] == ALLOWED  # its page may read it
+    status, _, headers = answers["allowed preflight"]
+    assert status == 200 and headers["access-control-allow-origin"] == ALLOWED
+    assert "POST" in headers["access-control-allow-methods"]
+    assert answers["no route"][0] == 404 and answers["no image"][0] == 400
+    for name, (_, _, headers) in answers.items():
+        assert headers["x-content-type-options"] == "nosniff", name
+
+
+@pytest.mark.slow
+def test_a_cross_site_form_post_keeps_no_sample_and_every_reply_is_nosniff(
+    exports: Path, images: dict[str, bytes], tmp_path: Path
+) -> None:
+    samples = tmp_path / "samples"
+    flags = ["--sample_fraction", "1", "--sample_dir", str(samples), "--allow_origin", ALLOWED]
+    served = Server(exports / "latest.onnx", *flags, log=tmp_path / "server.log")
+    try:
+        own = f"http://127.0.0.1:{served.port}"
+        body, content_type = multipart([("file", "red.jpg", images["red.jpg"])])
+        form = {"Content-Type": content_type}  # what a page's <form enctype=multipart/form-data> sends
+        status, answer, headers = exchange(
+            served.port, "POST", "/predict", body, {**form, "Origin": "https://evil.example"}
+        )
+        assert status == 403 and "'https://evil.example' are refused" in answer["error"]
+        assert headers["x-content-type-options"] == "nosniff"
+        for origin in (own, ALLOWED, None):  # the service's own page, an allowed site, a program
+            sent = form if origin is None else {**form, "Origin": origin}
+            status, answer, headers = exchange(served.port, "POST", "/predict", body, sent)
+            assert status == 200 and answer["predictions"][0]["class_name"] == "red", origin
+            assert headers["x-content-type-options"] == "nosniff"
+        assert exchange(served.port, "GET", "/nope")[2]["x-content-type-options"] == "nosniff"
+        with socket.create_connection(("127.0.0.1", served.port), timeout=5) as sock:
+            sock.sendall(b"NOT HTTP\r\n\r\n")  # refused by the protocol, before the app
+            reply, _ = until_closed(sock, 5)
+        head, _, answered = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 ") and b"\r\nx-content-type-options: nosniff" in head.lower()
+        assert "Invalid HTTP request" in json.loads(answered)["error"]
+        deadline = time.monotonic() + 10
+        while (stats := request(served.port, "GET", "/metrics")[1])["sampler"]["written"] < 3:
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.05)
+    finally:
+        assert served.stop() == 0
+    assert stats["responses_by_status"]["403"] == 1 and stats["sampler"]["written"] == 3
+    assert len(list(samples.glob("*.json"))) == 3  # the refused request's image was not kept
 
 
 @pytest.mark.slow
@@ -695,9 +810,13 @@ def test_sampler_keeps_requests_within_its_bound(
 def test_sigterm_stops_cleanly_and_torch_is_never_imported(
     exports: Path, images: dict[str, bytes], tmp_path: Path
 ) -> None:
-    served = Server(exports / "latest.onnx", "--reload_token", TOKEN, log=tmp_path / "server.log")
+    secret = tmp_path / "reload-token"
+    secret.write_text(f"{TOKEN}\n")
+    secret.chmod(0o600)
+    served = Server(exports / "latest.onnx", "--reload_token_file", str(secret), log=tmp_path / "server.log")
     assert predict(served.port, images["red.jpg"])[0] == 200
     assert request(served.port, "POST", "/reload", headers=AUTHORIZED)[0] == 200
+    assert TOKEN not in Path(f"/proc/{served.process.pid}/cmdline").read_text()  # what ps shows
     started = time.monotonic()
     assert served.stop(timeout=10) == 0
     assert time.monotonic() - started < 10
@@ -731,7 +850,7 @@ def test_startup_errors_are_one_message(
     mistakes = {
         r"--max_batch_size=0 is out of range: it must be an integer >= 1": ["--max_batch_size", "0"],
         r"--sample_fraction is set but --sample_dir is not": ["--sample_fraction", "0.1"],
-        r"reload token \(--reload_token or \$PROJECT_RELOAD_TOKEN\) has 5": ["--reload_token", "short"],
+        r"reload token \(--reload_token\) has 5": ["--reload_token", "short"],
         r"--max_body_memory_mb=10.0 is out of range: .* >= --max_body_mb \(20\)": [
             "--max_body_memory_mb",
             "10",
@@ -754,6 +873,60 @@ def test_startup_errors_are_one_message(
             rf"error: Cannot listen on 127.0.0.1:{port}: .*Fix: pass another",
             startup_error(capsys, ["--model", model, "--port", port]),
         )
+
+
+def test_the_reload_token_comes_from_the_environment_or_a_file_and_a_flag_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flag's value is visible to every local user (ps, /proc/<pid>/cmdline): taken, with a warning."""
+
+    def token_of(*flags: str) -> tuple[str | None, str]:
+        args = serve_command.parser().parse_args(["--model", "m.onnx", *flags])
+        serve_command.check(args)
+        return args.reload_token, capsys.readouterr().err
+
+    monkeypatch.delenv("PROJECT_RELOAD_TOKEN", raising=False)
+    assert token_of() == (None, "")
+    secret = tmp_path / "reload-token"
+    secret.write_text(f"{TOKEN}\n")
+    secret.chmod(0o600)
+    assert token_of("--reload_token_file", str(secret)) == (TOKEN, "")
+    secret.chmod(0o644)
+    assert token_of("--reload_token_file", str(secret)) == (
+        TOKEN,
+        f"warning: --reload_token_file '{secret}' can be read by other users: chmod 600 it.\n",
+    )
+    token, warned = token_of("--reload_token", TOKEN)
+    assert token == TOKEN and warned.count("\n") == 1
+    assert warned.startswith("warning: --reload_token on the command line is visible to every user")
+    assert "Set $PROJECT_RELOAD_TOKEN or pass --reload_token_file instead." in warned
+    monkeypatch.setenv("PROJECT_RELOAD_TOKEN", TOKEN)
+    assert token_of() == (TOKEN, "")
+    assert re.search(
+        r"error: The reload token is given twice: by --reload_token_file and by \$PROJECT_RELOAD_TOKEN\.",
+        startup_error(capsys, ["--model", "m.onnx", "--reload_token_file", str(secret)]),
+    )
+    monkeypatch.delenv("PROJECT_RELOAD_TOKEN")
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "short").write_text("short\n")
+    (tmp_path / "two").write_text(f"{TOKEN}\n{TOKEN}\n")
+    mistakes = {
+        r"Cannot read --reload_token_file '.*nope': No such file or directory\. Fix:": "nope",
+        r"--reload_token_file '.*empty' holds nothing\. Fix: write the token alone": "empty",
+        r"--reload_token_file '.*two' holds more than one word\. Fix:": "two",
+        r"The reload token \(--reload_token_file '.*short'\) has 5 characters": "short",
+    }
+    for pattern, name in mistakes.items():
+        err = startup_error(capsys, ["--model", "m.onnx", "--reload_token_file", str(tmp_path / name)])
+        assert re.search(pattern, err), err
+    for origin in ("app.example.com", "https://app.example.com/page", "ftp://app.example.com", "https://"):
+        err = startup_error(capsys, ["--model", "m.onnx", "--allow_origin", origin])
+        assert f"error: --allow_origin {origin!r} is not a web page origin. Fix: pass the scheme" in err
+    args = serve_command.parser().parse_args(
+        ["--model", "m", "--allow_origin", "HTTPS://App.Example.com:8443/"]
+    )
+    serve_command.check(args)
+    assert args.allow_origin == ["https://app.example.com:8443"]  # as browsers send it
 
 
 def test_batcher_fills_batches_up_to_the_size_and_waits_only_for_announced_items() -> None:
@@ -806,9 +979,10 @@ def test_a_batch_that_spans_a_reload_runs_each_request_on_its_own_model(exports:
 def strict(exports: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """At most 100 open files and 12 connections, a 1 MiB budget of bodies of up to 0.25 MiB each."""
     flags = ["--max_body_mb", "0.25", "--max_body_memory_mb", "1", "--read_timeout", "5"]
-    flags += ["--max_connections", "12", "--reload_token", TOKEN]
+    flags += ["--max_connections", "12"]
     log = tmp_path_factory.mktemp("strict") / "server.log"
-    served = Server(exports / "latest.onnx", *flags, log=log, open_files=100)
+    env = {"PROJECT_RELOAD_TOKEN": TOKEN}
+    served = Server(exports / "latest.onnx", *flags, log=log, env=env, open_files=100)
     yield served
     served.stop()
 

@@ -50,6 +50,8 @@ def test_the_page_shows_the_answer_and_class_names_as_text(tmp_path: Path) -> No
             page = browser.new_page(viewport={"width": 760, "height": 560})
             page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
             page.on("pageerror", lambda error: errors.append(str(error)))
+            posts: list[dict[str, str]] = []
+            page.on("requestfinished", lambda r: r.method == "POST" and posts.append(r.all_headers()))
             response = page.goto(url)
             assert response is not None and response.status == 200
             assert "script-src 'sha256-" in response.headers["content-security-policy"]
@@ -77,6 +79,8 @@ def test_the_page_shows_the_answer_and_class_names_as_text(tmp_path: Path) -> No
             assert page.text_content("#verdict .reason") == f" because its {answer['unknown']['reason']}."
             assert "accepts 95% of the validation images" in answer["unknown"]["reason"]
             assert HOSTILE in page.locator("#classes td.name").all_text_contents()
+            # the page's uploads carry its own origin, which the service admits (other sites get 403)
+            assert [headers.get("origin") for headers in posts] == [url.rstrip("/")] * 2
             SCREENSHOT.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(SCREENSHOT), full_page=True)
             browser.close()

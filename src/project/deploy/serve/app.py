@@ -5,7 +5,8 @@ Each route is a short function that reads its request, asks the service (service
 no HTTP) and answers; `ROUTES` and `HANDLERS` register them all in one place, and `create_app`
 puts them together with the service in `app.state`. Every refusal is a JSON `{"error": ...}`
 with a 4xx or 503 status; nothing a client sends stops the service. POST /reload needs the reload
-token; no answer names a folder of the server.
+token; no answer names a folder of the server. A request sent by a page of another site is refused
+(`SameOrigin`), and every answer says `X-Content-Type-Options: nosniff`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from functools import partial
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from project.deploy.serve import bodies, page
@@ -33,6 +36,9 @@ QUERY_KEYS = ("top_k",)  # what /predict reads from its query string; anything e
 # refusals that may leave a body unread: the connection closes, after the rest is read and dropped
 # (connections.py), instead of waiting for another request behind it
 CLOSING = (408, 413, 503)
+# browsers must not guess another type than the answer's (a JSON error echoing a client's bytes, read as
+# HTML or script): said on every answer of the app, and on the protocol's own refusals (connections.py)
+NOSNIFF = ("X-Content-Type-Options", "nosniff")
 
 
 def parse_top_k(query: Sequence[tuple[str, str]], default: int) -> int:
@@ -73,7 +79,7 @@ def authorized(request: Request, token: str | None) -> None:
             403,
             "POST /reload is off: the service was started without a reload token.",
             "reload with SIGHUP (kill -HUP <pid>), or start serve with PROJECT_RELOAD_TOKEN=<secret> "
-            "(or --reload_token) and send the header 'Authorization: Bearer <secret>'.",
+            "(or --reload_token_file FILE) and send the header 'Authorization: Bearer <secret>'.",
         )
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
@@ -134,6 +140,8 @@ ROUTES = (  # (method, path, route): every route of the service
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    # nosniff here too: Starlette answers an unforeseen error outside every added middleware
+    headers = {**(headers or {}), NOSNIFF[0]: NOSNIFF[1]}
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
@@ -196,6 +204,51 @@ class StatusCounter:
             raise
 
 
+class SameOrigin:
+    """ASGI middleware: refuses requests that a page of another site sent, and marks answers nosniff.
+
+    A browser sends `Origin` with every cross-origin request and with same-origin POSTs. A form on
+    any web page a user visits can POST an image to /predict without asking the service first (a
+    "simple" request: no CORS preflight), and the service would answer it and keep the image as a
+    sample. So a request whose Origin is neither the service's own (http:// or https:// and the
+    Host it was sent to) nor in `allowed` gets 403 before its body is read. Requests without
+    Origin (curl, `infer`'s clients, a browser's same-origin GET) pass.
+    """
+
+    def __init__(self, app: ASGIApp, allowed: Sequence[str] = ()) -> None:
+        self.app = app
+        self.allowed = frozenset(allowed)
+
+    def admits(self, headers: Headers) -> bool:
+        origin = headers.get("origin")
+        if origin is None:
+            return True
+        origin = origin.lower()
+        host = headers.get("host", "").lower()
+        return origin in self.allowed or (bool(host) and origin in (f"http://{host}", f"https://{host}"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        if not self.admits(headers):
+            refused = RequestError(
+                403,
+                f"Requests from the web page origin {headers['origin'][:100]!r} are refused.",
+                "call the service from its own page, from a program (which sends no Origin), or start "
+                "serve with --allow_origin naming that origin.",
+            )
+            # the body is left unread: close, after reading and dropping it (connections.py)
+            return await error(403, str(refused), {"Connection": "close"})(scope, receive, send)
+
+        async def nosniff_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).setdefault(*NOSNIFF)
+            await send(message)
+
+        await self.app(scope, receive, nosniff_send)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Startup and shutdown: the service's batcher, thread pool and SIGHUP handler live while it runs."""
@@ -220,7 +273,15 @@ def create_app(
     service = Service(slot, settings, sampler)
     app.state.service = service  # what the routes and the lifespan reach through their request or app
     app.state.banner = banner
-    app.add_middleware(StatusCounter, counts=service.statuses)
+    if settings.allow_origins:  # pages of these sites may read the answers too (CORS)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.allow_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Content-Type"],
+        )
+    app.add_middleware(SameOrigin, allowed=settings.allow_origins)
+    app.add_middleware(StatusCounter, counts=service.statuses)  # the last added sees every answer
     for method, path, route in ROUTES:
         app.add_api_route(path, route, methods=[method])
     return app

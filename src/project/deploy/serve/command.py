@@ -16,10 +16,12 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from project.config_checks import positive_int, require
 from project.errors import UserError, exits_on_user_error
@@ -57,10 +59,22 @@ def parser() -> argparse.ArgumentParser:
     add_limits(p)
     access = p.add_argument_group("access")
     access.add_argument(
-        "--reload_token",
-        default=os.environ.get(TOKEN_VARIABLE) or None,
-        help=f"secret that POST /reload must send as 'Authorization: Bearer ...' "
-        f"(default: ${TOKEN_VARIABLE}; unset: only SIGHUP reloads)",
+        "--reload_token_file",
+        default=None,
+        help=f"file holding the secret that POST /reload must send as 'Authorization: Bearer ...' "
+        f"(or set ${TOKEN_VARIABLE}; neither: only SIGHUP reloads)",
+    )
+    # kept for old scripts: a flag's value shows in `ps` and /proc/<pid>/cmdline to every local user
+    access.add_argument(
+        "--reload_token", default=None, help=f"the secret itself (visible in ps: use ${TOKEN_VARIABLE})"
+    )
+    access.add_argument(
+        "--allow_origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web page origin (https://app.example.com) besides the service's own whose pages may "
+        "call it; repeat for more (default: none: requests from other sites' pages get 403)",
     )
     access.add_argument("--api_docs", action="store_true", help="serve /docs and /openapi.json")
     sampling = p.add_argument_group("input sampling (for data drift)")
@@ -144,18 +158,95 @@ def check(args: argparse.Namespace) -> None:
         args.max_body_memory_mb,
         f"a number >= --max_body_mb ({args.max_body_mb:g}), so that one largest body fits",
     )
-    if args.reload_token is not None and len(args.reload_token) < 16:
-        raise UserError(
-            f"The reload token (--reload_token or ${TOKEN_VARIABLE}) has {len(args.reload_token)} characters;"
-            " a short one can be guessed.",
-            "use at least 16 random characters, e.g. "
-            'python -c "import secrets; print(secrets.token_urlsafe())".',
-        )
     require(args.max_pixels >= 1, "max_pixels", args.max_pixels, "an integer >= 1")
     require(args.shutdown_timeout >= 0, "shutdown_timeout", args.shutdown_timeout, "an integer >= 0")
     require(0 <= args.sample_fraction <= 1, "sample_fraction", args.sample_fraction, "a number from 0 to 1")
     if args.sample_fraction > 0 and args.sample_dir is None:
         raise UserError("--sample_fraction is set but --sample_dir is not.", "add --sample_dir FOLDER.")
+    args.allow_origin = [origin_of(value) for value in args.allow_origin]
+    args.reload_token = reload_token(args)
+
+
+def origin_of(value: str) -> str:
+    """`value` as browsers send it in Origin (scheme://host[:port], lower case); UserError otherwise."""
+    parts = urlsplit(value.strip())
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if not (
+        parts.scheme in ("http", "https")
+        and parts.hostname
+        and port_ok
+        and "@" not in parts.netloc
+        and parts.path in ("", "/")
+        and not parts.query
+        and not parts.fragment
+    ):
+        raise UserError(
+            f"--allow_origin {value!r} is not a web page origin.",
+            "pass the scheme, host and port as browsers send them in the Origin header, without a path, "
+            "e.g. --allow_origin https://app.example.com or http://localhost:3000.",
+        )
+    return f"{parts.scheme}://{parts.netloc.lower()}"
+
+
+def reload_token(args: argparse.Namespace) -> str | None:
+    """The reload token from --reload_token_file, $PROJECT_RELOAD_TOKEN or --reload_token (warned
+    about: a flag is visible to every local user); None when none is given. UserError when it is
+    given twice, unreadable, or short."""
+    from_env = os.environ.get(TOKEN_VARIABLE) or None
+    if args.reload_token_file is not None and (from_env or args.reload_token):
+        given = "--reload_token" if args.reload_token else f"${TOKEN_VARIABLE}"
+        raise UserError(
+            f"The reload token is given twice: by --reload_token_file and by {given}.",
+            f"give it one way: unset {given}, or leave out --reload_token_file.",
+        )
+    if args.reload_token is not None:
+        token, source = args.reload_token, "--reload_token"
+    elif args.reload_token_file is not None:
+        token = token_from_file(Path(args.reload_token_file))
+        source = f"--reload_token_file '{args.reload_token_file}'"
+    else:
+        token, source = from_env, f"${TOKEN_VARIABLE}"
+    if token is not None and len(token) < 16:
+        raise UserError(
+            f"The reload token ({source}) has {len(token)} characters; a short one can be guessed.",
+            "use at least 16 random characters, e.g. "
+            'python -c "import secrets; print(secrets.token_urlsafe())".',
+        )
+    if args.reload_token_file is not None and os.stat(args.reload_token_file).st_mode & 0o077:
+        print(
+            f"warning: --reload_token_file '{args.reload_token_file}' can be read by other users: "
+            "chmod 600 it.",
+            file=sys.stderr,
+        )
+    if args.reload_token is not None:
+        print(
+            "warning: --reload_token on the command line is visible to every user of this machine "
+            f"(ps, /proc/<pid>/cmdline). Set ${TOKEN_VARIABLE} or pass --reload_token_file instead.",
+            file=sys.stderr,
+        )
+    return token
+
+
+def token_from_file(path: Path) -> str:
+    """The token a file holds, without surrounding whitespace (its newline); UserError when unusable."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UserError(
+            f"Cannot read --reload_token_file '{path}': {reason}.",
+            "pass a readable text file that holds the token on one line.",
+        ) from None
+    if not token or any(c.isspace() for c in token):
+        raise UserError(
+            f"--reload_token_file '{path}' holds {'nothing' if not token else 'more than one word'}.",
+            "write the token alone on one line, e.g. "
+            'python -c "import secrets; print(secrets.token_urlsafe())" > FILE.',
+        )
+    return token
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -225,6 +316,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
         max_body_memory=round(args.max_body_memory_mb * 2**20),
         reload_token=args.reload_token,
         api_docs=args.api_docs,
+        allow_origins=tuple(args.allow_origin),
     )
 
 

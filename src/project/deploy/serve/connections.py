@@ -31,7 +31,12 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+REASONS = {
+    400: "Bad Request",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ def refusal(status: int, message: str) -> bytes:
     body = json.dumps({"error": message}).encode()
     head = (
         f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\nx-content-type-options: nosniff\r\n"
         + ("retry-after: 1\r\n" if status == 503 else "")
         + "\r\n"
     )
@@ -149,6 +154,10 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         oldest._stop_waiting()
         oldest._raw.close()
         return True
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse, as JSON with nosniff like every other."""
+        self._refuse(400, f"{msg} Fix: send a well-formed HTTP/1.1 request.")
 
     def _refuse(self, status: int, message: str) -> None:
         self._stop_waiting()

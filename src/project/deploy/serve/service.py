@@ -56,6 +56,7 @@ class Settings:
     max_body_memory: int = 256 * 2**20  # bytes of request bodies held at once, all requests together
     reload_token: str | None = None  # POST /reload is refused without one
     api_docs: bool = False  # /docs and /openapi.json
+    allow_origins: tuple[str, ...] = ()  # web page origins besides the service's own that may call it
 
 
 def without_folders(text: str) -> str:
