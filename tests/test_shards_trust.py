@@ -275,3 +275,12 @@ def test_fit_on_crafted_shards_is_one_error_line_and_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: Shards file") and "Fix:" in err[0]
     assert "field 'label' is stored as 'pickle'" in err[0]
+
+
+def test_shards_that_optimize_did_not_finish_say_so(
+    shards: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (shards / "shards.json").unlink()  # written last: a stopped optimize leaves none
+    assert run_cli("fit", f"--data.root={shards}", "--data.num_workers=0") == 2
+    err = capsys.readouterr().err
+    assert "holds shards that `optimize` did not finish: train, val written, no shards.json" in err

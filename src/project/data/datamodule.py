@@ -320,14 +320,14 @@ class ImageDataModule(L.LightningDataModule):
     def _check_num_classes(self, found: tuple[str, ...]) -> None:
         if len(found) < 2 and self.labels_csv is None:  # softmax over one class: nothing to learn
             raise UserError(
-                f"'{self.root}' has {len(found)} class folder{'' if len(found) == 1 else 's'} "
+                f"'{self._where}' has {len(found)} class folder{'' if len(found) == 1 else 's'} "
                 f"{list(found)}: a classifier needs at least 2 classes.",
                 "put each class's images in its own sub-folder (root/<class>/*.jpg, or train/ and val/ "
                 "with the same class folders).",
             )
         if self.expected_num_classes is not None and self.expected_num_classes != len(found):
             raise UserError(
-                f"--data.num_classes={self.expected_num_classes}, but '{self.root}' has "
+                f"--data.num_classes={self.expected_num_classes}, but '{self._where}' has "
                 f"{len(found)} class folders {list(found)}.",
                 "remove --data.num_classes (the number of classes is taken from the folders) "
                 "or fix the folders.",
@@ -344,6 +344,11 @@ class ImageDataModule(L.LightningDataModule):
             self._check_num_classes(shards.class_names)
             return shards
         return FileSource(self.splits, self.task, str(self.labels_csv or self.root), self.decoded)
+
+    @property
+    def _where(self) -> str:
+        """The data as given, for messages (an s3:// URL kept whole: a Path would fold its '//')."""
+        return self._shards_root or str(self.root)
 
     def source_here(self) -> DataSource:
         """The source when its data is on this machine (or in a bucket); ValueError saying why not."""

@@ -90,7 +90,17 @@ def has_index(root: str | Path) -> bool:
     """Whether `root` is a shards folder or URL (it has shards.json); a folder of images is not."""
     if is_url(root):
         return True  # only shards are read from a bucket; read_index says what is wrong with one
-    return (Path(root) / INDEX).is_file()
+    if (Path(root) / INDEX).is_file():
+        return True
+    started = [split for split in SPLITS if any((Path(root) / split).glob("*index.json"))]
+    if started:
+        raise UserError(
+            f"'{root}' holds shards that `optimize` did not finish: {', '.join(started)} written, no {INDEX} "
+            "(it is written last, when every split is complete).",
+            "run optimize again into a new folder (or delete this one first): a stopped optimize does not "
+            "resume.",
+        )
+    return False
 
 
 def read_bytes(url: str, what: str) -> bytes:
