@@ -111,15 +111,15 @@ def test_infer_and_serve_say_why_an_image_is_unknown(
 
 
 def test_calibration_is_skipped_with_a_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    class Missing:
-        root = tmp_path / "nowhere"
+    from project.data.datamodule import ImageDataModule
 
-    keys = calibrate.calibrate_export(torch.nn.Identity(), Missing(), 32, 0.875, False, 0.95, "energy")
+    missing = ImageDataModule(root=str(tmp_path / "nowhere"))  # a checkpoint's data, not on this machine
+    keys = calibrate.calibrate_export(torch.nn.Identity(), missing, 32, 0.875, False, 0.95, "energy")
     assert keys["temperature"] == 1.0 and keys["unknown_threshold"] is None
     assert f"Calibration skipped: the data folder '{tmp_path / 'nowhere'}' is not on this machine" in (
         capsys.readouterr().out
     )
-    keys = calibrate.calibrate_export(torch.nn.Identity(), Missing(), 32, 0.875, True, 0.95, "energy")
+    keys = calibrate.calibrate_export(torch.nn.Identity(), missing, 32, 0.875, True, 0.95, "energy")
     assert "multi-label" in keys["calibration_skipped"]
 
 
