@@ -144,10 +144,12 @@ def photo_folder(root: Path, size: tuple[int, int]) -> Path:
     ("size", "flags", "hint"),
     [
         ((200, 150), SHAPES, True),  # photos, the shapes defaults: pointed to the photo settings
+        ((200, 150), [*SHAPES[:2], "--trainer.max_epochs=1"], True),  # one epoch: the same 64 px inputs
+        ((200, 150), ["--data.image_size=48", "--data.scale=[0.3,1.0]"], True),  # smaller still
         ((200, 150), ["--config=configs/experiments/photos.yaml", "--trainer.max_epochs=2"], False),
         ((100, 100), SHAPES, False),  # small images: the defaults fit them
     ],
-    ids=["photos-defaults", "photos-settings", "small-defaults"],
+    ids=["photos-defaults", "photos-one-epoch", "photos-48px", "photos-settings", "small-defaults"],
 )
 def test_photos_trained_with_the_shapes_defaults_are_pointed_to_the_photo_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: tuple[int, int], flags: list[str], hint: bool
@@ -170,12 +172,13 @@ def test_photos_trained_with_the_shapes_defaults_are_pointed_to_the_photo_settin
         assert run_cli("fit", *args) == 0
     found = [str(w.message) for w in caught if "look like photos" in str(w.message)]
     if hint:
+        inputs = 48 if "--data.image_size=48" in flags else 64
         assert found == [
             f"The training images look like photos (median {size[0]}x{size[1]} px, 8 sampled), but this run "
-            "uses the defaults tuned for the embedded shapes: 64 px inputs, crops of 70-100 % of the image, "
-            "4 epochs. Fix: start from pretrained weights (--model.weights=DEFAULT, or a local file: the run "
-            "then takes their input size), or --config configs/experiments/photos.yaml, or set "
-            "--data.image_size, --data.scale and --trainer.max_epochs yourself (measured on photos: "
+            f"feeds the model {inputs} px inputs, the size tuned for the embedded 64 px shapes: most of a "
+            "photo's detail is lost. Fix: start from pretrained weights (--model.weights=DEFAULT, or a "
+            "local file: the run then takes their input size), or --config configs/experiments/photos.yaml "
+            "(128 px, stronger crops, 16 epochs), or set --data.image_size yourself (measured on photos: "
             'docs/training.md, "Photos").'
         ]
     else:

@@ -18,8 +18,7 @@ from project.errors import UserError
 from project.model import is_multilabel
 from project.terminal import printable
 
-# configs/default.yaml's settings as shipped, tuned for the embedded 64 px shapes
-SHAPES_DEFAULTS = {"image_size": SHAPES_IMAGE_SIZE, "scale": (0.7, 1.0), "max_epochs": 4}
+PHOTO_SIDE = 128  # a median short side of at least this many pixels: photos, not thumbnails
 PHOTO_SAMPLE = 32  # training images whose size (header only) is read
 
 
@@ -137,30 +136,24 @@ class DataCheck(Callback):
 
 
 def warn_photos_with_shapes_defaults(trainer: L.Trainer, source: Any) -> None:
-    """Photos (a short side of 128 px or more) trained with the 64 px shapes defaults lose most of their
-    detail, and a newcomer would not know which setting matters: point to the photo settings."""
-    datamodule = trainer.datamodule
-    scale = tuple(getattr(datamodule, "hparams", {}).get("scale", ()))
-    used = {
-        "image_size": getattr(datamodule, "image_size", None),
-        "scale": scale,
-        "max_epochs": trainer.max_epochs,
-    }
-    if used != SHAPES_DEFAULTS:
+    """Photos (a short side of at least twice the input) fed to the model at the embedded shapes' input
+    size or smaller lose most of their detail, and a newcomer would not know which setting matters:
+    point to the photo settings. Decided by the images and the input size, whatever the epochs or crops."""
+    image_size = getattr(trainer.datamodule, "image_size", None)
+    if image_size is None or image_size > SHAPES_IMAGE_SIZE:
         return
     sizes = source.image_sizes("train", PHOTO_SAMPLE)  # headers only
     if not sizes:
         return
     width, height = (int(np.median([size[axis] for size in sizes])) for axis in (0, 1))
-    size, (low, high), epochs = SHAPES_DEFAULTS.values()
-    if min(width, height) < 2 * size:
+    if min(width, height) < max(2 * image_size, PHOTO_SIDE):
         return
     rank_zero_warn(
         f"The training images look like photos (median {width}x{height} px, {len(sizes)} sampled), but this "
-        f"run uses the defaults tuned for the embedded shapes: {size} px inputs, crops of {low * 100:.0f}-"
-        f"{high * 100:.0f} % of the image, {epochs} epochs. Fix: start from pretrained weights "
+        f"run feeds the model {image_size} px inputs, the size tuned for the embedded {SHAPES_IMAGE_SIZE} px "
+        "shapes: most of a photo's detail is lost. Fix: start from pretrained weights "
         "(--model.weights=DEFAULT, or a local file: the run then takes their input size), or --config "
-        "configs/experiments/photos.yaml, or set --data.image_size, --data.scale and --trainer.max_epochs "
+        "configs/experiments/photos.yaml (128 px, stronger crops, 16 epochs), or set --data.image_size "
         'yourself (measured on photos: docs/training.md, "Photos").'
     )
 
