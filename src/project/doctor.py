@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import re
@@ -19,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.datamodule import MAX_WORKERS_PER_CORE, usable_cores
-from project.errors import UserError, exits_on_user_error
+from project.errors import CommandParser, UserError, exits_on_user_error
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "onnx", "onnxruntime")
 GiB = 2**30
@@ -242,7 +241,7 @@ def check_workers(workers: int) -> None:
 
 @exits_on_user_error
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m project doctor",
         description="Check Python, packages, devices, data loading and disk; "
         "exit 1 with fixes if anything is wrong.",

@@ -17,7 +17,6 @@ the links in src/<package>/template) are put back in a checkout's layout first.
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import importlib.util
 import keyword
@@ -32,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from project.errors import UserError, exits_on_user_error
+from project.errors import CommandParser, UserError, exits_on_user_error
 from project.terminal import printable
 
 # The package being copied: the old name in the copy, whatever this package is called today.
@@ -425,7 +424,7 @@ def _git_commit(folder: Path, name: str) -> str | None:
 
 @exits_on_user_error
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE} new", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog=f"python -m {PACKAGE} new", description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path, help="folder to create (must not exist, or be empty)")
     parser.add_argument("--name", required=True, help="the new package name, a Python identifier")
     args = parser.parse_args(argv)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from project.config_checks import positive_int, require
-from project.errors import UserError, exits_on_user_error
+from project.errors import CommandParser, UserError, exits_on_user_error
 
 if TYPE_CHECKING:  # imported by serve() itself, once the flags are checked
     from starlette.types import ASGIApp
@@ -37,7 +37,7 @@ RESERVED_FILES = 64  # descriptors beside the connections: listening socket, mod
 
 def parser() -> argparse.ArgumentParser:
     """serve's flags, in groups as `--help` shows them."""
-    p = argparse.ArgumentParser(prog="python -m project serve", description=DESCRIPTION)
+    p = CommandParser(prog="python -m project serve", description=DESCRIPTION)
     p.add_argument(
         "--model",
         required=True,
