@@ -172,6 +172,28 @@ def test_crafted_checkpoint_runs_nothing_on_any_command(
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(
+    ("contents", "key", "shown"),
+    [
+        ({"state_dict": {}}, "pytorch-lightning_version", "None"),
+        ({"state_dict": {}, "pytorch-lightning_version": "abc"}, "pytorch-lightning_version", "'abc'"),
+        ({"pytorch-lightning_version": "2.6.0"}, "state_dict", "None"),
+    ],
+    ids=["no-version", "bad-version", "no-state-dict"],
+)
+@pytest.mark.parametrize("command", ["fit", "validate", "export"])
+def test_a_checkpoint_without_the_keys_lightning_reads_is_one_error(
+    workdir: Path, shapes_root: Path, capsys, contents: dict, key: str, shown: str, command: str
+) -> None:
+    """Lightning reads these without a check: a KeyError or InvalidVersion traceback otherwise."""
+    path = workdir / "crafted.ckpt"
+    torch.save({"hyper_parameters": {"num_classes": 6}, **contents}, path)
+    assert run_cli(command, *fast_args(shapes_root, f"--ckpt_path={path}")) == 2
+    err = capsys.readouterr().err
+    assert f"error: Refused checkpoint '{path}': its setting '{key}' is {shown}, expected " in err
+    assert "Traceback" not in err and " Fix: " in err
+
+
 def test_truncated_checkpoint_is_one_message(tmp_path: Path) -> None:
     path = tmp_path / "cut.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(1000)}}, path)

@@ -546,7 +546,8 @@ def test_a_checkpoint_from_before_the_filter_option_is_evaluated_bilinear(tmp_pa
     for written, read in ((None, "bilinear"), ("bicubic", "bicubic"), ("bilinear", "bilinear")):
         data = {"crop_ratio": 0.95} | ({"interpolation": written} if written else {})
         path = tmp_path / f"{written}.ckpt"
-        torch.save({"hyper_parameters": hparams, "datamodule_hyper_parameters": data}, path)
+        contents = {"hyper_parameters": hparams, "datamodule_hyper_parameters": data, "state_dict": {}}
+        torch.save({**contents, "pytorch-lightning_version": "2.5.0"}, path)
         assert checkpoint_layer(path, "validate")["data"]["interpolation"] == read
         assert Checkpoint(path, torch.load(path, weights_only=True), None).interpolation == read
     contents = {"datamodule_hyper_parameters": {"interpolation": "lanczos"}}
