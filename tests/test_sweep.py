@@ -388,6 +388,23 @@ def test_summary_of_a_study_that_does_not_exist_creates_nothing(
     assert optuna.get_all_study_names("sqlite:///logs/tiny/study.db") == ["tiny"]
 
 
+def test_summary_reads_a_database_without_optunas_tables_without_creating_them(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Optuna's RDBStorage creates its tables in any database it opens (an empty PostgreSQL database
+    too): the names are read with plain SQL first, and a database without a study is left as it was."""
+    database = workdir / "shared.db"
+    engine = sqlalchemy.create_engine(f"sqlite:///{database}")
+    with engine.begin() as connection:
+        connection.execute(sqlalchemy.text("CREATE TABLE notes (text TEXT)"))
+    config = str(sweep_config(workdir))
+    status, err = summary(capsys, "--config", config, "--sweep.name=tiny", f"--sweep.storage={database}")
+    assert status == 2
+    assert f"study 'tiny' does not exist in 'sqlite:///{database}'; nothing was created" in err
+    assert sqlalchemy.inspect(engine).get_table_names() == ["notes"]
+    engine.dispose()
+
+
 def test_a_study_of_the_same_name_in_another_storage_stops_before_its_first_trial(
     workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
