@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.data.datamodule import MAX_WORKERS_PER_CORE, usable_cores
 from project.errors import CommandParser, UserError, exits_on_user_error
+from project.terminal import printable
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "onnx", "onnxruntime")
 GiB = 2**30
@@ -31,11 +32,12 @@ class Report:
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
+    # printable: a folder named on the command line (or an error's text) may hold control characters
     def info(self, name: str, value: str) -> None:
-        self.lines.append(f"  {name:<14} {value}")
+        self.lines.append(printable(f"  {name:<14} {value}"))
 
     def problem(self, what: str, fix: str) -> None:
-        self.problems.append(f"{what} Fix: {fix}")
+        self.problems.append(printable(f"{what} Fix: {fix}"))
 
 
 def check_versions(report: Report) -> None:
