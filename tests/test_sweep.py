@@ -655,3 +655,23 @@ def test_a_trial_whose_sweep_process_dies_stops(tmp_path: Path) -> None:
         return not status.exists() or "State:\tZ" in status.read_text()
 
     wait_for(gone, 10, "the orphaned fit to stop")
+
+
+def test_the_study_pictures_are_drawn_as_plain_text_whatever_the_matplotlibrc(tmp_path: Path) -> None:
+    """Option names (`model.optimizer.init_args.lr`) are text: a matplotlibrc with `text.usetex: true`
+    (and no LaTeX installed) failed every picture."""
+    import matplotlib
+
+    from project.sweep.summary import PICTURES, write_pictures
+
+    study = optuna.create_study(direction="maximize")
+    for lr, decay, value in ((1e-3, 0.0, 0.5), (1e-2, 0.1, 0.7), (3e-3, 0.05, 0.6)):
+        params = {"model.optimizer.init_args.lr": lr, "model.optimizer.init_args.weight_decay": decay}
+        distributions = {
+            "model.optimizer.init_args.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
+            "model.optimizer.init_args.weight_decay": optuna.distributions.FloatDistribution(0.0, 0.2),
+        }
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, value=value))
+    with matplotlib.rc_context({"text.usetex": True}):
+        notes = write_pictures(study, tmp_path)
+    assert notes == [f"picture: {tmp_path / name}.png" for name in PICTURES]
