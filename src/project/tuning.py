@@ -19,6 +19,7 @@ from project.checkpoint_io import TUNER_FILE
 from project.errors import UserError
 
 if TYPE_CHECKING:
+    # the finder's type: private Lightning API, checked against lightning 2.6 (the pin is <2.7)
     from lightning.pytorch.tuner.lr_finder import _LRFinder
 
 LR_FLAG = "--model.optimizer.init_args.lr"
