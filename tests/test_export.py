@@ -417,17 +417,17 @@ def test_format_openvino_without_openvino_is_one_message_and_writes_nothing(
 
 def test_int8_measurement_when_every_validation_image_is_bad_says_why(tmp_path: Path) -> None:
     """With --data.skip_bad_images every validation image can be left out: nothing to compare, said so."""
-    from types import SimpleNamespace
+    from PIL import Image
 
-    from project.data.index import ImageIndex
-    from tests.test_serve import tiny_export
+    from tests.test_serve import CLASSES, tiny_export
 
     model = tiny_export(tmp_path, "m", seed=0)
-    (tmp_path / "val").mkdir()
-    for name in ("a.jpg", "b.png"):
-        (tmp_path / "val" / name).write_bytes(b"not an image")
-    index = ImageIndex.from_listing(tmp_path, ["val/a.jpg", "val/b.png"], [0, 1], ("a", "b", "c", "d"))
-    data = SimpleNamespace(root=tmp_path, splits={"val": index}, skip_bad_images=True, num_workers=0)
+    for name in CLASSES:
+        (tmp_path / "data" / "train" / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "data" / "train" / name / "good.png")
+        (tmp_path / "data" / "val" / name).mkdir(parents=True)
+        (tmp_path / "data" / "val" / name / "bad.jpg").write_bytes(b"not an image")
+    data = ImageDataModule(root=str(tmp_path / "data"), skip_bad_images=True, num_workers=0)
     meta = json.loads(model.with_suffix(".json").read_text())
     measured = quantize.measure(model, model, data, meta["image_size"], 0.875, meta)
     assert measured["agreement"] is None and measured["accuracy_int8"] is None
