@@ -11,7 +11,7 @@ from torchvision.models.vision_transformer import VisionTransformer, interpolate
 from project.backbones import build_backbone, classification_models, head_of, load_weights, size_arguments
 from project.errors import UserError
 from project.model import ImageClassifier
-from tests.test_checkpoint_io import RunsCode
+from tests.test_checkpoint_io import RunsCode, write_deflated
 
 
 @pytest.mark.parametrize(
@@ -171,6 +171,33 @@ def test_a_planted_pickle_in_the_torchvision_cache_runs_nothing(
     assert message.startswith(f"Refused to load the cached weights '{cache}' (squeezenet1_1 DEFAULT)")
     assert "(posix.system)" in message and "Nothing in it was executed" in message and "\n" not in message
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("source", ["cache", "download", "file"])
+def test_torchvision_weights_declaring_more_than_they_hold_are_refused_before_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    """torchvision's cache, a fresh download and a --model.weights file all get the declared-size check."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    entry = torchvision.models.get_model_weights("squeezenet1_1").DEFAULT
+    cache = tmp_path / "torch" / "hub" / "checkpoints" / entry.url.rsplit("/", 1)[1]
+    bomb = cache if source != "file" else tmp_path / "weights.pth"
+    state = {"features.0.weight": torch.zeros(2_500_000)}  # 10 MB declared, deflated to about 10 kB
+    if source == "download":  # the download writes the file, as torch.hub's does
+        monkeypatch.setattr(
+            torch.hub, "download_url_to_file", lambda url, dst, **_: write_deflated(state, Path(dst))
+        )
+    else:
+        bomb.parent.mkdir(parents=True, exist_ok=True)
+        write_deflated(state, bomb)
+    with pytest.raises(UserError) as error:
+        build_backbone("squeezenet1_1", 3, weights=str(bomb) if source == "file" else "DEFAULT")
+    message = str(error.value)
+    named = (
+        f"checkpoint '{bomb}'" if source == "file" else f"the cached weights '{bomb}' (squeezenet1_1 DEFAULT)"
+    )
+    assert message.startswith(f"Refused to load {named}: its entries declare 10,00"), message
+    assert f"more than the file's {bomb.stat().st_size:,} bytes" in message
 
 
 @pytest.mark.slow

@@ -172,6 +172,28 @@ def test_crafted_checkpoint_runs_nothing_on_any_command(
     assert not marker.exists()
 
 
+@pytest.mark.parametrize(
+    ("contents", "key", "shown"),
+    [
+        ({"state_dict": {}}, "pytorch-lightning_version", "None"),
+        ({"state_dict": {}, "pytorch-lightning_version": "abc"}, "pytorch-lightning_version", "'abc'"),
+        ({"pytorch-lightning_version": "2.6.0"}, "state_dict", "None"),
+    ],
+    ids=["no-version", "bad-version", "no-state-dict"],
+)
+@pytest.mark.parametrize("command", ["fit", "validate", "export"])
+def test_a_checkpoint_without_the_keys_lightning_reads_is_one_error(
+    workdir: Path, shapes_root: Path, capsys, contents: dict, key: str, shown: str, command: str
+) -> None:
+    """Lightning reads these without a check: a KeyError or InvalidVersion traceback otherwise."""
+    path = workdir / "crafted.ckpt"
+    torch.save({"hyper_parameters": {"num_classes": 6}, **contents}, path)
+    assert run_cli(command, *fast_args(shapes_root, f"--ckpt_path={path}")) == 2
+    err = capsys.readouterr().err
+    assert f"error: Refused checkpoint '{path}': its setting '{key}' is {shown}, expected " in err
+    assert "Traceback" not in err and " Fix: " in err
+
+
 def test_truncated_checkpoint_is_one_message(tmp_path: Path) -> None:
     path = tmp_path / "cut.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(1000)}}, path)
@@ -180,15 +202,25 @@ def test_truncated_checkpoint_is_one_message(tmp_path: Path) -> None:
         load_checkpoint_file(path)
 
 
+def write_deflated(state: dict, path: Path) -> Path:
+    """torch.save's archive of `state` with its entries rewritten deflated: a file far smaller than the
+    data it declares, each entry of which torch.load would allocate in full."""
+    plain = path.with_name(f"{path.name}.plain")
+    torch.save(state, plain)
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as out:
+        for entry in source.infolist():
+            out.writestr(entry.filename, source.read(entry))
+    plain.unlink()
+    return path
+
+
 def test_a_checkpoint_declaring_more_data_than_its_file_holds_is_refused_before_loading(
     tmp_path: Path,
 ) -> None:
-    # torch.save's archive, its 100 MB tensor entry rewritten deflated: a 100 kB file that declares 100 MB
+    # its 100 MB tensor entry deflated: a 100 kB file that declares 100 MB
     plain, bomb = tmp_path / "plain.ckpt", tmp_path / "bomb.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(25_000_000)}}, plain)
-    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as out:
-        for entry in source.infolist():
-            out.writestr(entry.filename, source.read(entry))
+    write_deflated({"state_dict": {"w": torch.zeros(25_000_000)}}, bomb)
     size = bomb.stat().st_size
     assert size < 1_000_000
     for load in (load_checkpoint_file, AtomicCheckpointIO(background=False).load_checkpoint):

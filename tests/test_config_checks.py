@@ -97,7 +97,7 @@ def test_valid_values_pass() -> None:
         ("--data.val_split=1.5", "--data.val_split=1.5 is out of range"),
         ("--data.val_split=0", "--data.val_split=0.0 is out of range"),
         ("--trainer.accumulate_grad_batches=0", "--trainer.accumulate_grad_batches=0 is out of range"),
-        ("--trainer.precision=17-mixed", 'Parser key "trainer.precision"'),
+        ("--trainer.precision=17-mixed", "--trainer.precision=17-mixed is not one of 'transformer-engine'"),
     ],
 )
 def test_cli_stops_before_training(workdir: Path, shapes_root: Path, flag: str, message: str, capsys) -> None:

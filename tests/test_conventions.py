@@ -457,3 +457,14 @@ def test_a_local_name_like_a_helper():
     }
     marked = tests.replace("pytestmark = pytest.mark.gpu", "pytestmark = [pytest.mark.gpu, pytest.mark.slow]")
     assert unmarked_expensive_tests({"conftest": conftest, "helpers": helpers, "test_x": marked}) == {}
+
+
+def test_every_command_parser_ends_a_refused_command_line_in_one_error_line() -> None:
+    """argparse's own parser prints its usage and a bare `error:`; errors.CommandParser raises a UserError."""
+    package = Path(project.__file__).parent
+    plain = sorted(
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*.py")
+        if re.search(r"argparse\.ArgumentParser\(", path.read_text())
+    )
+    assert plain == []

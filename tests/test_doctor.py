@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from project import doctor
+from project.data.datamodule import MAX_WORKERS_PER_CORE, usable_cores
 
 
 def run_doctor(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -68,3 +69,36 @@ def test_low_disk_is_a_problem(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         doctor.main(["--folders", str(tmp_path), "--min_free_gb", "1e9", "--workers", "0"])
     assert "GiB free for" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("workers", ["100000", "-1"])
+def test_workers_beyond_the_data_modules_bound_start_none(
+    workers: str, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Each worker is a process: 100,000 of them exhausted memory, so the bound is --data.num_workers'."""
+
+    def no_loader(*args, **kwargs):
+        raise AssertionError("a DataLoader was built for an out-of-range --workers")
+
+    monkeypatch.setattr(doctor, "DataLoader", no_loader)  # even on a failure, nothing is forked
+    with pytest.raises(SystemExit) as exit_info:
+        doctor.main(["--workers", workers, "--folders", "."])
+    assert exit_info.value.code == 2
+    most = MAX_WORKERS_PER_CORE * usable_cores()
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --workers {workers} is not a number of DataLoader workers")
+    assert f"it must be from 0 to {most} ({MAX_WORKERS_PER_CORE} per CPU core" in err
+    assert " Fix: pass e.g. --workers 2" in err and len(err.splitlines()) == 1
+
+
+def test_folder_names_are_printed_with_their_control_characters_escaped(tmp_path: Path, capsys) -> None:
+    """A folder name is the user's text: `\\e]0;owned\\a` set the terminal's title when printed raw."""
+    folder = tmp_path / "logs\x1b]0;owned\x07"
+    afile = tmp_path / "ckpt\x1b[2J"
+    afile.write_text("")
+    with pytest.raises(SystemExit):
+        doctor.main(["--folders", str(folder), str(afile), "--workers", "0", "--min_free_gb", "0"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert f"  {tmp_path}/logs\\x1b]0;owned\\x07/ writable, " in out
+    assert f"'{tmp_path}/ckpt\\x1b[2J' is a file, not a folder. Fix: move it away" in out

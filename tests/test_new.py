@@ -317,3 +317,36 @@ def test_the_next_commands_quote_the_destination(tmp_path: Path, capsys) -> None
     out = capsys.readouterr().out
     assert f"  cd '{dest}' && python3 -m venv .venv" in out  # one argument of cd, not a second command
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("dest", "message"),
+    [
+        ("d" * 300, "has a part of 300 bytes ('dddd"),
+        ("link", "is a link (to 'empty'); nothing was written. Fix: pass the folder it points to"),
+        ("/proc/self/new-task", "Cannot create '/proc/self/new-task': No such file or directory"),
+        ("/proc/self/a/new-task", "Cannot create '/proc/self/a/new-task': No such file or directory"),
+    ],
+)
+def test_a_destination_the_system_refuses_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, dest: str, message: str
+) -> None:
+    """Too long a name, a link to an empty folder, a file system that takes no folder: one line each."""
+    if dest.startswith("/proc/") and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this system")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to("empty")
+    assert run_new(dest, "--name", "leafnet") == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: ") and message in line and " Fix: " in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "link"]
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_a_name_too_long_for_a_file_name_is_one_error_line(tmp_path: Path, capsys) -> None:
+    assert run_new(str(tmp_path / "dest"), "--name", "a" * 5000) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: --name '{'a' * 40}...' is 5,000 characters long; a package name may")
+    assert " Fix: pick a shorter name" in line and len(line) < 300
+    assert list(tmp_path.iterdir()) == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -125,3 +127,16 @@ def test_an_ir_whose_weights_are_missing_is_one_error_naming_it(
     assert line.startswith(f"error: OpenVINO cannot load '{tmp_path / 'm.xml'}': ")
     fix = "export the checkpoint again with `python -m project export --format openvino`, and keep its"
     assert line.endswith(f"Fix: {fix} .xml and .bin together.")
+
+
+def test_weights_that_are_a_fifo_are_refused_at_once(exported: Path, tmp_path: Path) -> None:
+    """OpenVINO opens the .bin and waits for a writer: a FIFO hung the load, as it would an image's."""
+    for ext in ("xml", "json"):
+        (tmp_path / f"m.{ext}").write_bytes((exported / f"m.{ext}").read_bytes())
+    os.mkfifo(tmp_path / "m.bin")
+    command = [sys.executable, "-m", "project", "infer", "--model", str(tmp_path / "m.xml"), str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: OpenVINO cannot load '{tmp_path / 'm.bin'}': it is not a regular file")
+    assert " Fix: export the checkpoint again" in line

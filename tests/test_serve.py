@@ -1179,3 +1179,22 @@ def test_images_being_decoded_share_the_budget_with_bodies() -> None:
     with pytest.raises(RequestError, match="The image is 10x20 pixels") as alone:
         BodyBudget(1000).reserve_decoding(1001, 10, 20)
     assert alone.value.status == 413
+
+
+@pytest.mark.slow
+def test_the_access_log_escapes_what_a_client_sent(exports: Path, tmp_path: Path) -> None:
+    """uvicorn takes the client address from X-Forwarded-For (trusted from 127.0.0.1, where a proxy
+    runs): a C1 control character there (U+009B, a terminal's CSI) reached the log raw."""
+    served = Server(exports / "latest.onnx", "--access_log", log=tmp_path / "server.log")
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+        connection.request("GET", "/health", headers={"X-Forwarded-For": "\x9b31mred"})
+        assert connection.getresponse().status == 200
+        connection.close()
+        deadline = time.monotonic() + 10
+        while "/health" not in served.log().split("31mred")[-1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        served.stop()
+    logged = [line for line in served.log().splitlines() if "31mred" in line]
+    assert logged == ['INFO:     \\x9b31mred:0 - "GET /health HTTP/1.1" 200 OK'], served.log()

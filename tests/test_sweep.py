@@ -388,6 +388,23 @@ def test_summary_of_a_study_that_does_not_exist_creates_nothing(
     assert optuna.get_all_study_names("sqlite:///logs/tiny/study.db") == ["tiny"]
 
 
+def test_summary_reads_a_database_without_optunas_tables_without_creating_them(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Optuna's RDBStorage creates its tables in any database it opens (an empty PostgreSQL database
+    too): the names are read with plain SQL first, and a database without a study is left as it was."""
+    database = workdir / "shared.db"
+    engine = sqlalchemy.create_engine(f"sqlite:///{database}")
+    with engine.begin() as connection:
+        connection.execute(sqlalchemy.text("CREATE TABLE notes (text TEXT)"))
+    config = str(sweep_config(workdir))
+    status, err = summary(capsys, "--config", config, "--sweep.name=tiny", f"--sweep.storage={database}")
+    assert status == 2
+    assert f"study 'tiny' does not exist in 'sqlite:///{database}'; nothing was created" in err
+    assert sqlalchemy.inspect(engine).get_table_names() == ["notes"]
+    engine.dispose()
+
+
 def test_a_study_of_the_same_name_in_another_storage_stops_before_its_first_trial(
     workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -638,3 +655,23 @@ def test_a_trial_whose_sweep_process_dies_stops(tmp_path: Path) -> None:
         return not status.exists() or "State:\tZ" in status.read_text()
 
     wait_for(gone, 10, "the orphaned fit to stop")
+
+
+def test_the_study_pictures_are_drawn_as_plain_text_whatever_the_matplotlibrc(tmp_path: Path) -> None:
+    """Option names (`model.optimizer.init_args.lr`) are text: a matplotlibrc with `text.usetex: true`
+    (and no LaTeX installed) failed every picture."""
+    import matplotlib
+
+    from project.sweep.summary import PICTURES, write_pictures
+
+    study = optuna.create_study(direction="maximize")
+    for lr, decay, value in ((1e-3, 0.0, 0.5), (1e-2, 0.1, 0.7), (3e-3, 0.05, 0.6)):
+        params = {"model.optimizer.init_args.lr": lr, "model.optimizer.init_args.weight_decay": decay}
+        distributions = {
+            "model.optimizer.init_args.lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
+            "model.optimizer.init_args.weight_decay": optuna.distributions.FloatDistribution(0.0, 0.2),
+        }
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, value=value))
+    with matplotlib.rc_context({"text.usetex": True}):
+        notes = write_pictures(study, tmp_path)
+    assert notes == [f"picture: {tmp_path / name}.png" for name in PICTURES]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from project.errors import UserError, user_message
-from project.terminal import printable, printable_lines
+from project.terminal import PrintableLog, printable, printable_lines
 from tests.helpers import fast_args, run_cli
 
 TITLE = "\x1b]0;owned\x07"  # sets the terminal's title
@@ -47,3 +47,11 @@ def test_a_class_folder_with_control_characters_is_printed_escaped(
     assert "\x1b" not in printed and "\x07" not in printed  # neither in messages nor in warnings
     assert "cat\\x1b]0;owned\\x07\\nerror: forged" in printed  # the class count table names it, escaped
     assert "\nerror: forged" not in printed
+
+
+def test_a_log_record_is_printed_with_its_control_characters_escaped() -> None:
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, "", 0, '%s - "%s %s"', ("\x9b31m:0", "GET", "/"), None
+    )
+    assert PrintableLog().filter(record)
+    assert record.getMessage() == '\\x9b31m:0 - "GET /"'

@@ -20,7 +20,7 @@ from project.finetune import depth_groups
 from project.model import ImageClassifier
 from project.models import main as models_main
 from tests.helpers import DECODER_BOUND, fast_args, run_cli
-from tests.test_checkpoint_io import RunsCode
+from tests.test_checkpoint_io import RunsCode, write_deflated
 
 timm = pytest.importorskip("timm")
 huggingface_hub = pytest.importorskip("huggingface_hub")
@@ -546,9 +546,29 @@ def test_a_checkpoint_from_before_the_filter_option_is_evaluated_bilinear(tmp_pa
     for written, read in ((None, "bilinear"), ("bicubic", "bicubic"), ("bilinear", "bilinear")):
         data = {"crop_ratio": 0.95} | ({"interpolation": written} if written else {})
         path = tmp_path / f"{written}.ckpt"
-        torch.save({"hyper_parameters": hparams, "datamodule_hyper_parameters": data}, path)
+        contents = {"hyper_parameters": hparams, "datamodule_hyper_parameters": data, "state_dict": {}}
+        torch.save({**contents, "pytorch-lightning_version": "2.5.0"}, path)
         assert checkpoint_layer(path, "validate")["data"]["interpolation"] == read
         assert Checkpoint(path, torch.load(path, weights_only=True), None).interpolation == read
     contents = {"datamodule_hyper_parameters": {"interpolation": "lanczos"}}
     with pytest.raises(UserError, match=r"names the resize filter 'lanczos' \(datamodule_hyper_parameters"):
         Checkpoint(tmp_path / "x.ckpt", contents, None).interpolation  # noqa: B018
+
+
+def test_a_cached_bin_declaring_more_than_it_holds_is_refused_before_loading(offline_hub: Path) -> None:
+    """The hub's .bin gets the checks of a --model.weights file: a deflated 10 MB entry in a 10 kB file
+    was allocated in full (400 MB declared: 1.25 GB peak)."""
+    repo = offline_hub / "models--timm--resnet18.a1_in1k"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    bomb = repo / "snapshots" / ("0" * 40) / "pytorch_model.bin"
+    bomb.parent.mkdir(parents=True)
+    write_deflated({"conv1.weight": torch.zeros(2_500_000)}, bomb)
+    with pytest.raises(UserError) as error:
+        build_backbone("timm/resnet18", 3, weights="DEFAULT")
+    message = str(error.value)
+    assert message.startswith(
+        f"Refused to load the cached weights '{bomb}' (resnet18.a1_in1k): its entries declare 10,00"
+    )
+    assert f"more than the file's {bomb.stat().st_size:,} bytes" in message
+    assert message.endswith("Fix: delete that file (it is downloaded again), or put the genuine file there.")

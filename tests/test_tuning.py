@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from project.tuning import checked_suggestion, fit_command, no_temporary_files
+from project.tuning import checked_suggestion, fit_command, lr_plot, no_temporary_files
 from tests.helpers import fast_args, run_cli, tiny_trainer
 
 QUIET = (
@@ -108,3 +109,16 @@ def test_a_loss_that_only_rises_falls_back_to_the_smallest_rate_tried() -> None:
     losses = [1.0 + 0.1 * k for k in range(len(LRS))]
     lr, warning = checked_suggestion(LRS, losses, LRS[12])
     assert lr == LRS[0] and warning is not None and "it rose from the first rate tried" in warning
+
+
+def test_the_lr_plot_is_drawn_as_plain_text_whatever_the_matplotlibrc() -> None:
+    """A matplotlibrc with `text.usetex: true` (without LaTeX) failed the picture, after the search."""
+    import matplotlib
+    from lightning.pytorch.tuner.lr_finder import _LRFinder
+
+    finder = _LRFinder(mode="exponential", lr_min=1e-5, lr_max=1.0, num_training=20)
+    lrs = np.geomspace(1e-5, 1.0, 20)
+    finder.results = {"lr": lrs.tolist(), "loss": (2 - np.tanh(np.log10(lrs) + 3)).tolist()}
+    with matplotlib.rc_context({"text.usetex": True}):
+        png = lr_plot(finder, 1e-3)
+    assert png.startswith(b"\x89PNG")

@@ -17,7 +17,7 @@ from torch import nn
 from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings
 
 from project import timm_backbones
-from project.checkpoint_io import cached_weights_error, load_checkpoint_file
+from project.checkpoint_io import cached_weights_error, check_declared_sizes, load_checkpoint_file
 from project.errors import UserError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -216,10 +216,15 @@ def _read_torchvision(name: str, weights: str) -> dict[str, torch.Tensor]:
         ) from None
     # where torch.hub keeps the download (load_state_dict_from_url's rule)
     cache = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(entry.url).path).name
-    try:  # weights-only: whatever lies in the cache folder cannot run code when it is read
+    fix = f"delete that file (it is downloaded again from {entry.url}), or put the genuine file there."
+    try:
+        if not cache.is_file():  # downloaded first, so that a new file is checked as a cached one is
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            torch.hub.download_url_to_file(entry.url, str(cache), progress=False)
+        check_declared_sizes(cache, f"the cached weights '{cache}' ({name} {weights})", fix)
+        # weights-only: whatever lies in the cache folder cannot run code when it is read
         return entry.get_state_dict(progress=False, check_hash=False, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
-        fix = f"delete that file (it is downloaded again from {entry.url}), or put the genuine file there."
         raise cached_weights_error(cache, f"{name} {weights}", e, fix) from None
     except OSError as e:  # URLError is an OSError: no network, proxy, DNS
         raise UserError(

@@ -242,8 +242,18 @@ def cached_weights_error(path: str | Path, label: str, error: Exception, fix: st
     return UserError(f"Cannot read the cached weights '{path}' ({label}): {str(error).splitlines()[0]}.", fix)
 
 
-def check_declared_sizes(path: str | Path) -> None:
+CHECKPOINT_FIX = (
+    "use a checkpoint written by this project or torch.save (it stores tensors uncompressed), from a "
+    "source you trust."
+)
+
+
+def check_declared_sizes(path: str | Path, name: str | None = None, fix: str = CHECKPOINT_FIX) -> None:
     """Refuse a zip checkpoint whose entries declare more bytes than the file holds, before torch.load.
+
+    Every load of a torch file goes through it: checkpoints, --model.weights files, and the weights
+    in the torchvision and Hugging Face caches (`name` says which in the message: default
+    "checkpoint '<path>'"; `fix`, how to get a good file).
 
     torch.load allocates each tensor's storage at its entry's declared size and then fills it, so a
     584 kB file with a deflated entry took 600 MB (a 6 MB one, 6 GiB). torch.save stores entries
@@ -257,10 +267,10 @@ def check_declared_sizes(path: str | Path) -> None:
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
         return
     if declared > size:
+        name = name or f"checkpoint '{path}'"
         raise UserError(
-            f"Refused to load checkpoint '{path}': its entries declare {declared:,} bytes of data, more "
-            f"than the file's {size:,} bytes (compressed or false sizes, each allocated in full before it "
-            "is read). Nothing was loaded.",
-            "use a checkpoint written by this project or torch.save (it stores tensors uncompressed), from "
-            "a source you trust.",
+            f"Refused to load {name}: its entries declare {declared:,} "
+            f"bytes of data, more than the file's {size:,} bytes (compressed or false sizes, each "
+            "allocated in full before it is read). Nothing was loaded.",
+            fix,
         )

@@ -26,12 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.version import InvalidVersion, Version
 
 from project.checkpoint_io import load_checkpoint_file
 from project.errors import UserError
 
 # Options that describe the machine or the invocation rather than the run: never taken from a file.
 _NOT_TAKEN = {"weights", "predict_dir", "num_workers", "prefetch_factor"}
+# the key Lightning reads first from every checkpoint it restores (to migrate older formats)
+VERSION_KEY = "pytorch-lightning_version"
 # Deep enough for every option of ours (mean, scale: a list of numbers); deeper means not ours.
 _MAX_DEPTH = 2
 
@@ -45,6 +48,7 @@ def checkpoint_layer(ckpt_path: str | Path, subcommand: str) -> dict[str, Any]:
     `validate --ckpt_path X` reproduces the run's own validation.
     """
     checkpoint = load_checkpoint_file(ckpt_path)
+    check_lightning_keys(ckpt_path, checkpoint)
     hparams = checkpoint.get("hyper_parameters") or {}
     if not isinstance(hparams, dict):
         raise _refused(ckpt_path, "hyper_parameters", hparams, "a mapping of option names to values")
@@ -61,6 +65,29 @@ def checkpoint_layer(ckpt_path: str | Path, subcommand: str) -> dict[str, Any]:
         if "image_size" in layer["model"]:  # linked to the model, stored there only
             layer["data"]["image_size"] = layer["model"]["image_size"]
     return layer
+
+
+def check_lightning_keys(ckpt_path: str | Path, checkpoint: Any) -> None:
+    """The keys Lightning reads from a checkpoint without a check (a KeyError or InvalidVersion from
+    deep inside it otherwise): a mapping, with a version string and a state dict."""
+    if not isinstance(checkpoint, dict):
+        raise _refused(ckpt_path, "(the whole file)", type(checkpoint).__name__, "a mapping")
+    version = checkpoint.get(VERSION_KEY)
+    try:
+        Version(version if isinstance(version, str) else "")
+    except InvalidVersion:
+        raise _refused(
+            ckpt_path,
+            VERSION_KEY,
+            version,
+            "the version of Lightning that wrote it, such as '2.6.0'",
+            "pass a checkpoint written by `fit` (checkpoints/<run>/); a file of weights alone goes to "
+            "--model.weights.",
+        ) from None
+    if not isinstance(checkpoint.get("state_dict"), dict):
+        raise _refused(
+            ckpt_path, "state_dict", checkpoint.get("state_dict"), "a mapping of tensor names to tensors"
+        )
 
 
 def model_values(ckpt_path: str | Path, hparams: dict, resume: bool) -> dict[str, Any]:

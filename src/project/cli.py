@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import Namespace
+from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
@@ -39,7 +39,7 @@ from project.checkpoint_values import checkpoint_layer
 from project.config_checks import check_cli_config
 from project.data.datamodule import ImageDataModule
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
-from project.errors import UserError, exits_on_user_error
+from project.errors import UserError, exits_on_user_error, usage_error
 from project.model import ImageClassifier
 from project.quiet import CompactModelSummary, quiet_lightning
 from project.runs import CHECKPOINTS, LOGS, debug_run_name, eval_run_name, fit_run_name, newest_run
@@ -129,6 +129,8 @@ class ProjectCLI(LightningCLI):
                 "search over these options), audit (wrong labels, duplicates, leaks), models (the "
                 "backbones --model.backbone takes), doctor (check this machine), new (start a task from "
                 "this template); each with --help.",
+                # a refused command line is raised (see parse_or_refuse), not printed with the usage
+                "exit_on_error": False,
             },
             save_config_callback=AtomicSaveConfig,
             save_config_kwargs={"overwrite": True},
@@ -144,7 +146,9 @@ class ProjectCLI(LightningCLI):
         # add_arguments_to_parser needs to know which subcommand it builds (see CHECKPOINT_ONLY);
         # private Lightning API, checked against lightning 2.6 (the pin is <2.7)
         self._building = subcommand
-        return super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        self._subcommand_parsers = {**getattr(self, "_subcommand_parsers", {}), subcommand: parser}
+        return parser
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: list[str] | None) -> None:
@@ -153,14 +157,16 @@ class ProjectCLI(LightningCLI):
         self.command_args = list(args[1:])
         # a first pass finds --ckpt_path; --print_config would print (and exit) before the layer is in
         plain = [a for a in args if not a.startswith("--print_config")]
-        self.config = parser.parse_args(with_default_config(plain))
+        # a refusal names the subcommand's own options and its --help
+        refusing = getattr(self, "_subcommand_parsers", {}).get(args[0] if args else "", parser)
+        self.config = parse_or_refuse(parser, with_default_config(plain), refusing)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if subcommand != "fit" and ckpt_path == "last":
             ckpt_path = str(last_checkpoint(self.config[subcommand].get("name")))
         layers = [json.dumps(checkpoint_layer(ckpt_path, subcommand))] if is_file(ckpt_path) else []
         if layers or plain != args:
-            self.config = parser.parse_args(with_default_config(args, *layers))
+            self.config = parse_or_refuse(parser, with_default_config(args, *layers), refusing)
         if ckpt_path:
             self.config[subcommand].ckpt_path = ckpt_path
 
@@ -305,6 +311,21 @@ def config_folder() -> Path:
         "default.",
         "reinstall the package (`pip install .` from a checkout ships the configs) or run from the checkout.",
     )
+
+
+def parse_or_refuse(
+    parser: LightningArgumentParser, args: list[str], refusing: LightningArgumentParser | None = None
+) -> Namespace:
+    """`parser.parse_args(args)`; a value of the wrong type, an unknown or a missing argument is one
+    UserError with a fix, where jsonargparse printed its usage (147 lines for fit) and a bare `error:`.
+    `refusing`: the parser whose options and --help the message names (the subcommand's)."""
+    try:
+        return parser.parse_args(args)
+    except ArgumentError as e:
+        refusing = refusing or parser
+        # jsonargparse names a subcommand's parser "python -m project [options] fit"
+        prog = refusing.prog.replace(" [options]", "")
+        raise usage_error(str(e), prog, refusing._option_string_actions) from None
 
 
 def with_default_config(args: list[str], *layers: str) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import re
@@ -18,7 +17,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from project.errors import UserError, exits_on_user_error
+from project.data.datamodule import MAX_WORKERS_PER_CORE, usable_cores
+from project.errors import CommandParser, UserError, exits_on_user_error
+from project.terminal import printable
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "onnx", "onnxruntime")
 GiB = 2**30
@@ -31,11 +32,12 @@ class Report:
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
+    # printable: a folder named on the command line (or an error's text) may hold control characters
     def info(self, name: str, value: str) -> None:
-        self.lines.append(f"  {name:<14} {value}")
+        self.lines.append(printable(f"  {name:<14} {value}"))
 
     def problem(self, what: str, fix: str) -> None:
-        self.problems.append(f"{what} Fix: {fix}")
+        self.problems.append(printable(f"{what} Fix: {fix}"))
 
 
 def check_versions(report: Report) -> None:
@@ -226,9 +228,22 @@ def writable(folder: Path) -> bool:
     return True
 
 
+def check_workers(workers: int) -> None:
+    """The same bound as --data.num_workers: each worker is a process, and 100,000 of them exhaust memory."""
+    cores = usable_cores()
+    most = MAX_WORKERS_PER_CORE * cores
+    if not 0 <= workers <= most:
+        raise UserError(
+            f"--workers {workers} is not a number of DataLoader workers to start: it must be from 0 to "
+            f"{most} ({MAX_WORKERS_PER_CORE} per CPU core: this process may use {cores}), as "
+            "--data.num_workers is.",
+            f"pass e.g. --workers {min(2, most)} (0 loads the data in the main process).",
+        )
+
+
 @exits_on_user_error
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m project doctor",
         description="Check Python, packages, devices, data loading and disk; "
         "exit 1 with fixes if anything is wrong.",
@@ -237,13 +252,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--min_free_gb", type=float, default=5.0, help="Less free disk than this is a problem."
     )
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers to start.")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help=f"DataLoader workers to start: 0 to {MAX_WORKERS_PER_CORE} per CPU core, as --data.num_workers.",
+    )
     args = parser.parse_args(argv)
-    if args.workers < 0:
-        raise UserError(
-            f"--workers {args.workers} is not a number of DataLoader workers: it must be 0 or more.",
-            "pass e.g. --workers 2 (0 loads the data in the main process).",
-        )
+    check_workers(args.workers)
     if not args.min_free_gb >= 0:  # also NaN
         raise UserError(
             f"--min_free_gb {args.min_free_gb} is not a size: it must be 0 or more.",

@@ -10,12 +10,11 @@ preprocessing those weights expect (input size, resize interpolation, crop, mean
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import fnmatch
 import sys
 
-from project.errors import UserError, exits_on_user_error
+from project.errors import CommandParser, UserError, exits_on_user_error
 
 
 def matching(names: list[str], pattern: str | None) -> list[str]:
@@ -81,7 +80,7 @@ def _shown(config: dict) -> str:
 
 @exits_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m project models",
         description="List the backbones --model.backbone takes (torchvision's, and timm's as timm/<name> "
         "when timm is installed), with the weights --model.weights takes and their preprocessing.",

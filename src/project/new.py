@@ -17,7 +17,6 @@ the links in src/<package>/template) are put back in a checkout's layout first.
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import importlib.util
 import keyword
@@ -32,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from project.errors import UserError, exits_on_user_error
+from project.errors import CommandParser, UserError, exits_on_user_error
 from project.terminal import printable
 
 # The package being copied: the old name in the copy, whatever this package is called today.
@@ -87,6 +86,9 @@ INTENTIONAL = (
 PEP508_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
 
 GIT_IDENTITY = ("-c", "user.name=New Task", "-c", "user.email=new-task@localhost")
+# A package name is a folder's name (src/NAME) and part of others (NAME.egg-info, NAME-0.1.dist-info):
+# a file system holds 255 bytes in a name; this leaves room, and is far beyond a name anyone types.
+MAX_NAME_LENGTH = 100
 
 
 def renamer(old: str, new: str) -> list[tuple[re.Pattern[str], str]]:
@@ -180,6 +182,12 @@ def _walk(root: Path) -> list[str]:
 def check_name(name: str, old: str = PACKAGE) -> None:
     """NAME must work as `import NAME` and as a pip-installable distribution name, and must not hide
     a module Python already finds."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise UserError(
+            f"--name '{name[:40]}...' is {len(name):,} characters long; a package name may have at most "
+            f"{MAX_NAME_LENGTH} (it names folders and files, and every import).",
+            "pick a shorter name (e.g. --name leaf_disease).",
+        )
     if not (name.isascii() and name.isidentifier() and PEP508_NAME.match(name)) or keyword.iskeyword(name):
         raise UserError(
             f"--name '{name}' is not a valid Python package name.",
@@ -203,7 +211,14 @@ def check_name(name: str, old: str = PACKAGE) -> None:
 
 
 def check_dest(dest: Path, root: Path = TEMPLATE_ROOT) -> None:
-    """DEST must be new or empty, and outside the template (a copy inside it would be copied again)."""
+    """DEST must be new or empty, a folder and not a link to one, and outside the template (a copy
+    inside it would be copied again)."""
+    check_name_lengths(dest)
+    if dest.is_symlink():  # the finished copy is renamed onto DEST: a link would be replaced, not filled
+        raise UserError(
+            f"Destination '{dest}' is a link (to '{os.readlink(dest)}'); nothing was written.",
+            f"pass the folder it points to, {dest.resolve()}, or a new path.",
+        )
     if dest.resolve().is_relative_to(root.resolve()):
         raise UserError(
             f"Destination '{dest}' is inside the template '{root}'; nothing was written.",
@@ -214,6 +229,31 @@ def check_dest(dest: Path, root: Path = TEMPLATE_ROOT) -> None:
             f"Destination '{dest}' already exists and is not an empty folder; nothing was written.",
             "pass a new path (it is created) or an empty folder.",
         )
+
+
+def check_name_lengths(dest: Path) -> None:
+    """Each part of DEST must fit the file system's limit on a name (255 bytes on most)."""
+    parent = next(p for p in dest.parents if os.path.isdir(p))
+    try:
+        limit = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for part in dest.parts:
+        if len(os.fsencode(part)) > limit:
+            raise UserError(
+                f"Destination '{dest}' has a part of {len(os.fsencode(part))} bytes ('{part[:40]}...'), "
+                f"more than the {limit} bytes the file system allows in a name; nothing was written.",
+                "pass a path whose folder names are shorter (e.g. ~/my-task).",
+            )
+
+
+def cannot_write(dest: Path, error: OSError) -> UserError:
+    """The one line for a destination the system refuses (a special file system, a path too long)."""
+    where = f" ('{error.filename}')" if error.filename else ""
+    return UserError(
+        f"Cannot create '{dest}': {error.strerror or error}{where}; nothing was written.",
+        "pass a new path (or an empty folder) in a folder you can write to, e.g. ~/my-task.",
+    )
 
 
 def is_checkout(root: Path, package: str = PACKAGE) -> bool:
@@ -228,7 +268,15 @@ def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE
             return create(dest, name, checkout, old)
     dest = Path(dest).absolute()
     check_name(name, old)
-    check_dest(dest, root)
+    try:
+        check_dest(dest, root)
+        return _create(dest, name, root, old)
+    except OSError as e:
+        raise cannot_write(dest, e) from None
+
+
+def _create(dest: Path, name: str, root: Path, old: str) -> tuple[int, str | None]:
+    """The copy itself, once the name and the destination are checked."""
     if not is_checkout(root, old):
         raise UserError(
             f"The template's sources are not at '{root}' (no pyproject.toml or src/{old}/).",
@@ -237,7 +285,8 @@ def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE
     files = template_files(root)
     rules = renamer(old, name)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    # a prefix short enough for the file system's limit on a name, whatever DEST's length
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name[:32]}-", dir=dest.parent))
     # mkdtemp makes the folder private (0700); the copy is an ordinary folder, as mkdir would make it
     staging.chmod(0o777 & ~current_umask())
     try:
@@ -375,7 +424,7 @@ def _git_commit(folder: Path, name: str) -> str | None:
 
 @exits_on_user_error
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE} new", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog=f"python -m {PACKAGE} new", description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path, help="folder to create (must not exist, or be empty)")
     parser.add_argument("--name", required=True, help="the new package name, a Python identifier")
     args = parser.parse_args(argv)

@@ -14,7 +14,6 @@ Needs neither torch nor lightning: tensorboard, numpy and matplotlib.
 
 from __future__ import annotations
 
-import argparse
 import html
 import io
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from matplotlib.figure import Figure
 from project import figures
 from project.atomic import atomic_write
 from project.deploy.sidecar import Sidecar
-from project.errors import UserError, exits_on_user_error
+from project.errors import CommandParser, UserError, exits_on_user_error
 from project.runs import CHECKPOINTS, LOGS
 
 CLASS_ACC = "val_class_acc/"
@@ -282,7 +281,7 @@ def draw_reliability(export: Sidecar) -> Figure:
 
 @exits_on_user_error
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m project report", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="python -m project report", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="run name (a folder in logs/) or path of a run folder")
     parser.add_argument("--output", help="PNG to write (default: report.png in the run folder)")
     args = parser.parse_args(argv)

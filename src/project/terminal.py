@@ -8,6 +8,8 @@ message that can hold a name goes through `printable`, which escapes what repr w
 
 from __future__ import annotations
 
+import logging
+
 
 def printable(text: str) -> str:
     """`text` with each non-printable character written as its escape sequence (repr's form)."""
@@ -19,3 +21,15 @@ def printable(text: str) -> str:
 def printable_lines(text: str) -> str:
     """`printable` per line: for messages of several lines (tables) whose names are escaped."""
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+class PrintableLog(logging.Filter):
+    """Escapes the control characters of a log record's message and arguments. For loggers that print
+    what a client sent, such as uvicorn's access log, whose client address comes from X-Forwarded-For."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = printable(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(printable(a) if isinstance(a, str) else a for a in record.args)
+        return True

@@ -2,7 +2,8 @@
 
 timm is optional (`pip install -e '.[timm]'`): it is imported only when a `timm/` name is used. Hub
 weights are read as data: the hub's `model.safetensors` (tensors only), or where a model has none its
-`pytorch_model.bin` through torch.load(weights_only=True), so a file planted in the cache runs nothing.
+`pytorch_model.bin` through torch.load(weights_only=True), so a file planted in the cache runs nothing
+(and, as every torch file the project loads, only after its declared sizes are checked against its length).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from project.checkpoint_io import cached_weights_error
+from project.checkpoint_io import cached_weights_error, check_declared_sizes
 from project.errors import UserError
 
 PREFIX = "timm/"
@@ -181,12 +182,13 @@ def _download(repo: str, label: str) -> dict[str, torch.Tensor]:
                 f"download {first} from that address on a connected machine and pass it as "
                 "--model.weights=PATH.",
             ) from None
-        if file.endswith(".safetensors"):
+        if file.endswith(".safetensors"):  # its header's offsets are checked against the file's length
             return read_safetensors(path)
+        fix = "delete that file (it is downloaded again), or put the genuine file there."
+        check_declared_sizes(path, f"the cached weights '{path}' ({label})", fix)
         try:  # weights-only: whatever lies in the cache folder cannot run code when it is read
             return torch.load(path, map_location="cpu", weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
-            fix = "delete that file (it is downloaded again), or put the genuine file there."
             raise cached_weights_error(path, label, e, fix) from None
     raise UserError(
         f"Cannot download the timm weights {label} from {url}: this machine is offline (or the hub is "

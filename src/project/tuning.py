@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lightning as L
 import numpy as np
@@ -16,6 +17,10 @@ from lightning.pytorch.tuner import Tuner
 from project.atomic import atomic_write
 from project.checkpoint_io import TUNER_FILE
 from project.errors import UserError
+
+if TYPE_CHECKING:
+    # the finder's type: private Lightning API, checked against lightning 2.6 (the pin is <2.7)
+    from lightning.pytorch.tuner.lr_finder import _LRFinder
 
 LR_FLAG = "--model.optimizer.init_args.lr"
 PLOT = "lr_find.png"
@@ -58,19 +63,27 @@ def find_lr(
     if warning is not None:
         print(f"Warning: {warning}")
     png = folder / PLOT
-    figure = finder.plot(suggest=True)
-    figure.axes[0].set_title(f"Suggested learning rate {suggestion:.1e}")
-    image = io.BytesIO()
-    figure.savefig(image, format="png", dpi=100)
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write(png, image.getbuffer())
+    atomic_write(png, lr_plot(finder, suggestion))
     print(f"Suggested learning rate: {suggestion:.1e}")
     print(f"Use it: {fit_command(fit_args, f'{LR_FLAG}={suggestion:.2g}')}")
     print(f"Loss against learning rate: {png}")
     return suggestion
+
+
+def lr_plot(finder: _LRFinder, suggestion: float) -> bytes:
+    """The finder's loss against learning rate, as a PNG, titled with the suggestion."""
+    import matplotlib.pyplot as plt
+
+    from project.figures import plain_text
+
+    with plain_text():  # text, neither mathtext nor LaTeX (a matplotlibrc's usetex)
+        figure = finder.plot(suggest=True)
+        figure.axes[0].set_title(f"Suggested learning rate {suggestion:.1e}")
+        image = io.BytesIO()
+        figure.savefig(image, format="png", dpi=100)
+    plt.close(figure)
+    return image.getvalue()
 
 
 def checked_suggestion(lrs: list[float], losses: list[float], suggestion: float) -> tuple[float, str | None]:

@@ -28,7 +28,7 @@ from project.audit.outliers import outlier_percentiles
 from project.audit.report import Findings, summary, write_clean_list, write_findings
 from project.audit.stop import Stopped, raise_if_stopped, stop_on_ctrl_c
 from project.audit.timing import default_folds, measure_step, plan_folds, runs_on_cpu
-from project.cli import ProjectCLI, apply_backbone_defaults, config_folder, packaged_configs
+from project.cli import ProjectCLI, apply_backbone_defaults, config_folder, packaged_configs, parse_or_refuse
 from project.config_checks import check_cli_config, positive_int, require
 from project.data.dataset import ImageDataset
 from project.errors import UserError, exits_on_user_error
@@ -124,7 +124,7 @@ class AuditCLI(ProjectCLI):
     def parse_arguments(self, parser: Any, args: list[str] | None) -> None:
         """configs/default.yaml first, as for every fit, then the user's configs and flags."""
         args = packaged_configs(list(args or []))
-        self.config = parser.parse_args(["--config", str(config_folder() / "default.yaml"), *args])
+        self.config = parse_or_refuse(parser, ["--config", str(config_folder() / "default.yaml"), *args])
 
     @override
     def before_instantiate_classes(self) -> None:

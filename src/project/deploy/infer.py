@@ -16,7 +16,6 @@ still listed, and the `reason` column saying why), both by `project.deploy.calib
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ from project.data.index import list_images  # numpy only: keeps this module free
 from project.deploy import prediction_csv
 from project.deploy.calibration import UNKNOWN
 from project.deploy.classifier import Classifier
-from project.errors import UserError, exits_on_user_error
+from project.errors import CommandParser, UserError, exits_on_user_error
 from project.terminal import printable
 
 
@@ -42,7 +41,7 @@ def image_files(inputs: Sequence[str]) -> list[Path]:
 
 @exits_on_user_error
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m project infer", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="python -m project infer", description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="+", help="image files or folders (searched recursively)")
     parser.add_argument(
         "--model", required=True, help="exported .onnx or OpenVINO .xml file (its .json sidecar beside it)"

@@ -9,6 +9,8 @@ Importing this module imports neither torch nor openvino.
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -44,13 +46,32 @@ def is_openvino(model: str | Path) -> bool:
 
 def compile_ir(xml: Path, weights: Path | None = None, threads: int | None = None) -> object:
     """The IR at `xml` (weights: `weights`, default its .bin) compiled for the CPU in float32."""
+    weights = weights or xml.with_suffix(".bin")
+    for path in (xml, weights):
+        refuse_special_file(path)
     ov = import_openvino(f"Running the OpenVINO model '{xml}'")
     core = ov.Core()
     config: dict[str, object] = dict(PRECISION)
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
-    model = core.read_model(str(xml), str(weights or xml.with_suffix(".bin")))
+    model = core.read_model(str(xml), str(weights))
     return core.compile_model(model, "CPU", config)
+
+
+def refuse_special_file(path: Path) -> None:
+    """UserError for a FIFO, device or folder: OpenVINO would wait on a FIFO forever (images and
+    checkpoints are refused the same way). A missing file is left to OpenVINO, which names it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        raise UserError(
+            f"OpenVINO cannot load '{path}': it is not a regular file (a pipe, device or folder), "
+            "which could block the load forever.",
+            "export the checkpoint again with `python -m project export --format openvino`, and keep "
+            "its .xml and .bin together as plain files.",
+        )
 
 
 class OpenVINOSession:

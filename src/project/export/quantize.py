@@ -98,14 +98,20 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
         sidecar_partial.write_text(Sidecar.from_dict(int8_meta, sidecar).to_json())
     atomic_symlink(final.with_name("latest-int8.onnx"), final.name)
     atomic_symlink(final.with_name("latest-int8.json"), sidecar.name)
-    q = int8_meta
-    what = "label decisions agree" if float_sidecar.multilabel else "top-1 agrees"
-    print(
-        f"int8 model {final}: {what} with float on {q['agreement']:.2%} of validation images, "
-        f"accuracy {q['accuracy_float']:.4f} -> {q['accuracy_int8']:.4f}, batch 8 "
-        f"{q['latency_ms']['float']['8']:.2f} -> {q['latency_ms']['int8']['8']:.2f} ms"
-    )
+    print(summary(final, int8_meta, float_sidecar.multilabel))
     return final
+
+
+def summary(final: Path, q: Mapping, multilabel: bool) -> str:
+    """What `export --quantize int8` prints: agreement, accuracies and latency, or why not compared."""
+    latency = f"batch 8 {q['latency_ms']['float']['8']:.2f} -> {q['latency_ms']['int8']['8']:.2f} ms"
+    if q["agreement"] is None:
+        return f"int8 model {final}: not compared with float ({q['measured']}); {latency}"
+    what = "label decisions agree" if multilabel else "top-1 agrees"
+    return (
+        f"int8 model {final}: {what} with float on {q['agreement']:.2%} of validation images, "
+        f"accuracy {q['accuracy_float']:.4f} -> {q['accuracy_int8']:.4f}, {latency}"
+    )
 
 
 def head_nodes(model: Path) -> list[str]:
@@ -146,19 +152,17 @@ def measure(
             datamodule, size, crop_ratio, interpolation=float_sidecar.interpolation
         )
     except ValueError as e:
-        return {
-            **result,
-            "agreement": None,
-            "accuracy_float": None,
-            "accuracy_int8": None,
-            "measured": str(e),
-        }
+        return not_measured(result, str(e))
     float_logits, int8_logits, labels = [], [], []
     for images, targets in fit_calibration.good_batches(loader):
         batch = images.numpy()
         float_logits.append(float_session.run(["logits"], {"images": batch})[0])
         int8_logits.append(int8_session.run(["logits"], {"images": batch})[0])
         labels.append(targets.numpy())
+    if not labels:  # --data.skip_bad_images left every one out: nothing to compare
+        return not_measured(
+            result, "every validation image was skipped as unreadable (--data.skip_bad_images)"
+        )
     f, q, y = np.concatenate(float_logits), np.concatenate(int8_logits), np.concatenate(labels)
     multilabel = float_sidecar.multilabel
     float_answer, int8_answer = answers(f, float_sidecar), answers(q, float_sidecar)
@@ -181,6 +185,11 @@ def measure(
                 logits, labels, accept, float_sidecar.unknown_score, temperature
             )
     return result
+
+
+def not_measured(result: dict, reason: str) -> dict:
+    """The measurement keys of an int8 export that could not be compared with the float one, and why."""
+    return {**result, "agreement": None, "accuracy_float": None, "accuracy_int8": None, "measured": reason}
 
 
 def answers(logits: np.ndarray, sidecar: Sidecar) -> np.ndarray:

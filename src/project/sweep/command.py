@@ -92,6 +92,8 @@ def open_study(sweep: Sweep, create: bool = True) -> optuna.Study:
     for attempt in range(SCHEMA_TRIES):
         try:
             lock = _schema_lock(url) if create else contextlib.nullcontext()
+            if not create and sweep.name not in (names := _study_names(url)):
+                raise _no_study(sweep, names, f"'{_masked(url)}'")
             with lock, warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 storage = rdb_storage(
@@ -102,10 +104,6 @@ def open_study(sweep: Sweep, create: bool = True) -> optuna.Study:
                         max_retry=1
                     ),
                 )
-                if not create:
-                    names = optuna.get_all_study_names(storage)
-                    if sweep.name not in names:
-                        raise _no_study(sweep, names, f"'{_masked(url)}'")
                 study = optuna.create_study(
                     study_name=sweep.name,
                     storage=storage,
@@ -131,6 +129,21 @@ def open_study(sweep: Sweep, create: bool = True) -> optuna.Study:
 
 
 SCHEMA_TRIES = 4
+
+
+def _study_names(url: str) -> list[str]:
+    """The studies in the database at `url`, read without writing: Optuna's RDBStorage creates its
+    tables in any database it opens (an empty PostgreSQL database, an SQLite file of other tables)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    try:
+        if not sqlalchemy.inspect(engine).has_table("studies"):
+            return []
+        with engine.connect() as connection:
+            return [row[0] for row in connection.execute(sqlalchemy.text("SELECT study_name FROM studies"))]
+    finally:
+        engine.dispose()
 
 
 def _database_exists(sweep: Sweep) -> None:

@@ -95,18 +95,21 @@ def write_pictures(study: optuna.Study, folder: Path) -> list[str]:
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as plots
 
+    from project.figures import plain_text
+
     notes = []
     for name in PICTURES:
         reason = _cannot_draw(study, name)
         if reason:
             notes.append(f"{name}.png skipped: {reason}")
             continue
-        with warnings.catch_warnings():
+        # option names and values are text: neither mathtext nor LaTeX (a matplotlibrc's usetex)
+        with plain_text(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ExperimentalWarning, on every call
             axes = getattr(plots, f"plot_{name}")(study)
-        figure = getattr(axes, "figure", None) or axes.flat[0].figure
-        image = io.BytesIO()
-        figure.savefig(image, format="png", bbox_inches="tight")
+            figure = getattr(axes, "figure", None) or axes.flat[0].figure
+            image = io.BytesIO()
+            figure.savefig(image, format="png", bbox_inches="tight")
         plt.close(figure)
         atomic_write(folder / f"{name}.png", image.getbuffer())
         notes.append(f"picture: {folder / name}.png")

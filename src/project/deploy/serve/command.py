@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from project.config_checks import positive_int, require
-from project.errors import UserError, exits_on_user_error
+from project.errors import CommandParser, UserError, exits_on_user_error
+from project.terminal import PrintableLog
 
 if TYPE_CHECKING:  # imported by serve() itself, once the flags are checked
     from starlette.types import ASGIApp
@@ -39,7 +41,7 @@ RESERVED_FILES = 64  # descriptors beside the connections: listening socket, mod
 
 def parser() -> argparse.ArgumentParser:
     """serve's flags, in groups as `--help` shows them."""
-    p = argparse.ArgumentParser(prog="python -m project serve", description=DESCRIPTION)
+    p = CommandParser(prog="python -m project serve", description=DESCRIPTION)
     p.add_argument(
         "--model",
         required=True,
@@ -372,6 +374,7 @@ def run(app: ASGIApp, sock: socket.socket, args: argparse.Namespace, max_connect
         server_header=False,
         lifespan="on",
     )
+    logging.getLogger("uvicorn.access").addFilter(PrintableLog())  # a forwarded address is the client's text
     # uvicorn re-raises the stop signal after its graceful shutdown; with these handlers (its
     # "previous" ones) that re-raise does nothing, and a requested stop exits with status 0
     for stop in (signal.SIGINT, signal.SIGTERM):
