@@ -35,7 +35,6 @@ MISTAKES = {
 SWEEP_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "sweeps" / "lr_wd.yaml")
 # A value of the wrong type, or an argument missing, unknown or without its value: argparse and
 # jsonargparse printed their usage (147 lines for fit) and a bare `error:`; now one line with a fix.
-# (optimize is not here: its parser still prints its usage.)
 COMMAND_LINES = {
     "fit": ["--data.batch_size=abc"],
     "validate": ["--data.batch_size=abc"],
@@ -53,6 +52,7 @@ COMMAND_LINES = {
     "report": [],
     "doctor": ["--workers", "abc"],
     "models": ["resnet*", "extra"],
+    "optimize": ["--output=out", "--workers=abc"],
 }
 
 # Runs `python -m project COMMAND ARGS...` for each command in one interpreter (torch is imported once, not

@@ -29,6 +29,7 @@ from jsonargparse import ArgumentParser
 from PIL import Image
 
 from project.atomic import atomic_write
+from project.cli import parse_or_refuse
 from project.config_checks import positive_int
 from project.data import shards
 from project.data.datamodule import ImageDataModule, default_num_workers
@@ -110,6 +111,7 @@ def private_staging() -> Iterator[None]:
 def parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="python -m project optimize",
+        exit_on_error=False,  # a refused command line is one error line (cli.parse_or_refuse)
         description="Write the data set as LitData shards per split (local folder or s3://) for "
         "`fit --data.root=OUT`: for data too many files or too remote for a folder loader.",
     )
@@ -200,7 +202,7 @@ def skipped_positions(index: ImageIndex, skip_log: SkipLog | None) -> np.ndarray
 
 @exits_on_user_error
 def main(argv: list[str]) -> None:
-    args = parser().parse_args(argv)
+    args = parse_or_refuse(parser(), argv)
     if args.max_side is not None:
         positive_int("max_side", args.max_side)
     workers = args.workers if args.workers is not None else default_num_workers()
