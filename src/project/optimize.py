@@ -33,7 +33,7 @@ from project.cli import parse_or_refuse
 from project.config_checks import positive_int
 from project.data import shards
 from project.data.datamodule import ImageDataModule, default_num_workers
-from project.data.decode import BadImageError, decode_chw, read_file
+from project.data.decode import BadImageError, decode_rgb, read_file
 from project.data.index import ImageIndex
 from project.data.skipped import REPORT as SKIPPED
 from project.data.skipped import SkipLog
@@ -61,7 +61,9 @@ class Sample:
         path, label, sample_id = item
         try:
             data = read_file(self.root / path)
-            decode_chw(data, self.root / path)  # as training decodes it: found now, not hours into a run
+            # the decoding rule of training (Pillow's pixels, no torch in the workers): a bad file is found
+            # now, not hours into a run
+            decode_rgb(data, self.root / path)
             if self.max_side is not None:
                 data = downscaled(data, self.max_side)
         except BadImageError as e:
