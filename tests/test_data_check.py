@@ -183,3 +183,16 @@ def test_photos_trained_with_the_shapes_defaults_are_pointed_to_the_photo_settin
         ]
     else:
         assert found == []
+
+
+def test_a_validation_split_too_small_to_rank_checkpoints_is_warned_about() -> None:
+    from project.callbacks.data_check import warn_small_validation
+
+    with pytest.warns(
+        UserWarning, match=r"only 30 images: val/acc has a standard error of up to 9\.1 points"
+    ):
+        warn_small_validation(30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_small_validation(600)  # the embedded shapes' 600: no warning
+        warn_small_validation(30, multilabel=True)  # per-label metrics, not one accuracy

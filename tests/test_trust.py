@@ -336,3 +336,18 @@ def test_the_temperature_is_bounded_on_uninformative_logits() -> None:
     always_right = logits * 0.003
     always_right[torch.arange(600), labels] += 0.1  # right by a small margin every time: T towards 0
     assert calibrate.fit_temperature(always_right, labels) == pytest.approx(calibrate.MIN_TEMPERATURE)
+
+
+def test_a_temperature_that_makes_the_calibration_worse_is_not_kept_and_few_images_are_said() -> None:
+    rng = np.random.default_rng(0)
+    labels = torch.from_numpy(rng.integers(0, 3, 300))
+    # confident where right, unsure where wrong: already well calibrated, a temperature of 5 flattens it
+    logits = torch.where(torch.nn.functional.one_hot(labels, 3).bool(), 3.0, 0.0).double()
+    logits[:60] = torch.tensor([0.2, 0.1, 0.0], dtype=torch.float64)
+    kept = calibrate.checked_calibration(logits, labels, 0.95, "energy", temperature=5.0)
+    assert kept["temperature"] == 1.0 and kept["ece_after"] == kept["ece_before"]
+    assert "made the calibration error worse" in kept["calibration_note"]
+    few = calibrate.checked_calibration(logits[:30], labels[:30], 0.95, "energy", temperature=1.0)
+    assert "only 30 validation images" in few["calibration_note"]
+    fine = calibrate.checked_calibration(logits, labels, 0.95, "energy", temperature=1.0)
+    assert "calibration_note" not in fine

@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError
+from project.export.fit_calibration import FEW_IMAGES
 from project.model import is_multilabel
 from project.terminal import printable
 
@@ -66,6 +67,8 @@ class DataCheck(Callback):
         balance = getattr(trainer.datamodule, "balance", "none")
         for split, split_counts in counts.items():
             self._warn_imbalance(split, split_counts, balance if split == "train" else None)
+        if "val" in counts:
+            warn_small_validation(sum(counts["val"].values()), multilabel)
         if "train" in source.split_names:
             warn_photos_with_shapes_defaults(trainer, source)
 
@@ -133,6 +136,21 @@ class DataCheck(Callback):
         table = batch_table(images, labels, num_classes)
         rank_zero_info(table)
         log_text(trainer, "data_check/first_batch", table)
+
+
+def warn_small_validation(images: int, multilabel: bool = False) -> None:
+    """A validation split too small to rank checkpoints: its accuracy moves by more than the gap between
+    epochs, so the best checkpoint (and the export made from it) is partly chance."""
+    if multilabel or images >= FEW_IMAGES or images == 0:
+        return
+    error = 0.5 / math.sqrt(images)  # the standard error of an accuracy near 0.5
+    rank_zero_warn(
+        f"The validation split has only {images} images: val/acc has a standard error of up to "
+        f"{error * 100:.1f} points (0.5 / sqrt({images})), so checkpoints closer than that are ranked by "
+        "chance and the best checkpoint, its export and the calibration fitted on these images rest on "
+        f"noise. Fix: hold out at least {FEW_IMAGES} images (a larger --data.val_split or val/ folder), or "
+        "compare runs by their last epochs rather than by one best value."
+    )
 
 
 def warn_photos_with_shapes_defaults(trainer: L.Trainer, source: Any) -> None:

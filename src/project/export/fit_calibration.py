@@ -31,6 +31,9 @@ MAX_IMAGES = 10_000  # evenly spaced over the split beyond this: minutes, not ho
 # 0.5, nearly flat; below 0.05 every answer is sharpened to one-hot. Unbounded, a near-chance model's
 # fit ran off to 1.8e7 (every probability 1/C) and its energy threshold to ~3e7.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.05, 20.0
+# Below this many validation images the figures calibration fits move by several points from one split
+# to another (the standard error of an accuracy is up to 0.5 / sqrt(n): 3.5 points at 200)
+FEW_IMAGES = 200
 
 
 def validation_loader(
@@ -202,7 +205,7 @@ def calibrate_export(
     temperature = fit_temperature(logits, labels)
     if temperature >= MAX_TEMPERATURE:
         return _skip(flattening(logits, labels))
-    result = calibrate(logits, labels, accept, score_name, temperature)
+    result = checked_calibration(logits, labels, accept, score_name, temperature)
     print(
         f"Calibrated on {len(labels)} validation images: temperature {result['temperature']:.3f}, "
         f"ECE {result['ece_before']:.4f} -> {result['ece_after']:.4f}"
@@ -212,7 +215,32 @@ def calibrate_export(
             if accept
             else "; unknown rejection off"
         )
+        + (f". Note: {result['calibration_note']}" if "calibration_note" in result else "")
     )
+    return result
+
+
+def checked_calibration(
+    logits: torch.Tensor, labels: torch.Tensor, accept: float | None, score_name: str, temperature: float
+) -> dict:
+    """`calibrate` with the fitted temperature, or with T = 1 where that made the calibration error worse
+    on these images (the fit minimizes the log-loss, which a small or odd split can trade against ECE);
+    a `calibration_note` says so, and when the figures rest on fewer than FEW_IMAGES images."""
+    result = calibrate(logits, labels, accept, score_name, temperature)
+    notes = []
+    if result["ece_after"] > result["ece_before"]:
+        notes.append(
+            f"the fitted temperature {temperature:.3f} made the calibration error worse on these images "
+            f"(ECE {result['ece_before']:.4f} -> {result['ece_after']:.4f}), so T = 1 is kept"
+        )
+        result = calibrate(logits, labels, accept, score_name, 1.0)
+    if len(labels) < FEW_IMAGES:
+        notes.append(
+            f"only {len(labels)} validation images: the temperature and the `unknown` threshold rest on few "
+            f"images (hold out at least {FEW_IMAGES} for figures that do not move from split to split)"
+        )
+    if notes:
+        result["calibration_note"] = "; ".join(notes)
     return result
 
 
