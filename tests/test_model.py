@@ -121,3 +121,19 @@ def test_flip_tta_is_the_same_in_validation_and_predict() -> None:
     assert torch.allclose(probs, views.mean(0).softmax(1), atol=1e-6)
     assert torch.allclose(logits.softmax(1), probs, atol=1e-6)  # what validate scores is what predict says
     assert not torch.allclose(probs, plain, atol=1e-4)
+
+
+def test_a_learnt_tensor_assigned_as_a_plain_attribute_is_named_before_training() -> None:
+    from project.errors import UserError
+    from project.model import ImageClassifier
+
+    model = ImageClassifier(num_classes=3, backbone="resnet18", channels_last=False)
+    model.setup("fit")  # a sound model passes
+    model.net.layer1.gain = torch.ones(64, requires_grad=True)  # not registered: no optimizer sees it
+    assert "layer1.gain" not in dict(model.named_parameters())
+    with pytest.raises(
+        UserError, match=r"require grad but are plain attributes, not parameters: net\.layer1\.gain"
+    ):
+        model.setup("fit")
+    model.net.layer1.gain = torch.nn.Parameter(torch.ones(64))  # the fix the message gives
+    model.setup("fit")

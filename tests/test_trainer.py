@@ -49,3 +49,39 @@ def test_16_mixed_on_the_cpu_says_it_runs_bf16(caplog: pytest.LogCaptureFixture)
         Trainer(accelerator="cpu", precision="bf16-mixed", logger=False)
     line = "Precision: 16-mixed (float16) has no autocast on the CPU; this run uses bf16-mixed (bfloat16)"
     assert caplog.text.count(line) == 2
+
+
+@pytest.mark.slow
+def test_running_out_of_memory_mid_run_is_one_message_and_the_last_checkpoint_is_kept(tmp_path: Path) -> None:
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from project.errors import UserError
+    from tests.helpers import TensorData
+
+    class Greedy(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 2)
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
+            if self.global_step == 2:
+                torch.empty(2**60, dtype=torch.uint8)  # the CPU allocator refuses it, as a full GPU would
+            images, labels = batch
+            return torch.nn.functional.cross_entropy(self.linear(images), labels)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    every_step = ModelCheckpoint(tmp_path, every_n_train_steps=1, save_last=True)
+    trainer = Trainer(
+        max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[every_step], default_root_dir=tmp_path, accelerator="cpu",
+    )  # fmt: skip
+    data = TensorData(torch.randn(64, 3), torch.randint(0, 2, (64,)), batch_size=8)
+    with pytest.raises(
+        UserError, match=r"Out of memory at step 2 \(epoch 0\) with --data\.batch_size=8 on cpu"
+    ) as e:
+        trainer.fit(Greedy(), data)
+    assert "batch_size_find" in str(e.value) and "--ckpt_path last" in str(e.value)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 2

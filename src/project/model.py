@@ -123,6 +123,26 @@ def is_multilabel(model: object) -> bool:
     return getattr(model, "task", "multiclass") == "multilabel"
 
 
+def refuse_plain_learnt_tensors(model: nn.Module) -> None:
+    """A tensor that requires grad, assigned to a module as a plain attribute (`self.scale = torch.ones(3,
+    requires_grad=True)`), is no parameter: the optimizer never updates it, checkpoints do not save it and
+    `.to(device)` leaves it behind, while the run trains on as if it were learnt. Named before training."""
+    found = [
+        f"{name}.{attribute}" if name else attribute
+        for name, module in model.named_modules()
+        for attribute, value in vars(module).items()
+        if isinstance(value, torch.Tensor) and value.requires_grad and not isinstance(value, nn.Parameter)
+    ]
+    if found:
+        raise UserError(
+            f"The model has {len(found)} tensor(s) that require grad but are plain attributes, not "
+            f"parameters: {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}. The optimizer never "
+            "updates them, checkpoints do not save them and they do not move with the model to the GPU.",
+            "wrap each in torch.nn.Parameter where the module sets it (self.scale = nn.Parameter(tensor)), "
+            "or self.register_buffer(name, tensor) if it is not learnt.",
+        )
+
+
 def grouped_convolutions(net: nn.Module) -> bool:
     """Whether the network has grouped or depthwise convolutions: the families that run faster
     channels-last on the CPU (docs/benchmarks.md, "channels-last and torch.compile on the CPU")."""
@@ -325,7 +345,10 @@ class ImageClassifier(L.LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
-        """`channels_last: auto`: a fit on the CPU runs a network with grouped convolutions channels-last."""
+        """Before a fit: no learnt tensor hides from the optimizer. `channels_last: auto`: a fit on the CPU
+        runs a network with grouped convolutions channels-last."""
+        if stage == "fit":
+            refuse_plain_learnt_tensors(self)
         auto = self.hparams.get("channels_last") == "auto"
         if (
             auto

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.plugins import LayerSync
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -60,7 +61,11 @@ class Trainer(L.Trainer):
 
     @override
     def fit(self, *args: Any, **kwargs: Any) -> None:
-        with disk_full_ends_in_one_line(self, "fit"), checkpoints_written(self):
+        with (
+            disk_full_ends_in_one_line(self, "fit"),
+            out_of_memory_ends_in_one_line(self),
+            checkpoints_written(self),
+        ):
             super().fit(*args, **kwargs)
 
     @override
@@ -215,6 +220,37 @@ def disk_full_ends_in_one_line(trainer: L.Trainer, command: str) -> Iterator[Non
         raise _log_disk_full(trainer, error, command) from None
     finally:
         threading.excepthook = previous
+
+
+@contextmanager
+def out_of_memory_ends_in_one_line(trainer: L.Trainer) -> Iterator[None]:
+    """Running out of memory mid-run (a larger batch of large images, a memory leak, another process on
+    the GPU) ends in one message with the step, the batch size and the fixes, instead of the allocator's
+    traceback. The checkpoints already written stay as they are: `--ckpt_path last` resumes."""
+    try:
+        yield
+    except Exception as e:
+        if not is_out_of_memory(e):
+            raise
+        size = getattr(trainer.datamodule, "batch_size", None) if trainer.datamodule is not None else None
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"Out of memory at step {trainer.global_step} (epoch {trainer.current_epoch})"
+            + (f" with --data.batch_size={size}" if size else "")
+            + f" on {trainer.strategy.root_device}: {first_line[:200]}.",
+            "find the largest batch that fits with `python -m project batch_size_find` (same flags), or "
+            "halve --data.batch_size and set --trainer.accumulate_grad_batches=2 (the same batch per "
+            "optimizer step), or --trainer.precision=bf16-mixed; then resume with --ckpt_path last (the "
+            "last checkpoint is kept).",
+        ) from None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's OutOfMemoryError (CUDA), or the CPU allocator's refusal (a RuntimeError)."""
+    text = str(error)
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+    )
 
 
 def _disk_full(error: BaseException | None) -> OSError | None:
