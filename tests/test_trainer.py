@@ -85,3 +85,29 @@ def test_running_out_of_memory_mid_run_is_one_message_and_the_last_checkpoint_is
         trainer.fit(Greedy(), data)
     assert "batch_size_find" in str(e.value) and "--ckpt_path last" in str(e.value)
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+@pytest.mark.slow
+def test_a_loader_worker_stuck_on_a_file_is_named_after_the_timeout(
+    shapes_root: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    from project.data import dataset
+
+    stuck = sorted((shapes_root / "train" / "star").glob("*.jpg"))[2]
+    real = dataset.load_rgb
+
+    def hangs_on_one_file(path: Path) -> torch.Tensor:
+        while Path(path) == stuck:  # a read that never returns, as on a stuck network mount
+            time.sleep(1)
+        return real(path)
+
+    monkeypatch.setattr(dataset, "load_rgb", hangs_on_one_file)  # forked loader workers inherit it
+    args = fast_args(shapes_root, "--data.num_workers=2", "--data.loader_timeout=3", "--data.cache=false")
+    started = time.monotonic()
+    assert run_cli("fit", *args) == 2
+    assert time.monotonic() - started < 60
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: The data loader delivered no batch for 3 seconds")
+    assert f"'{stuck}'" in err[0] and "worker" in err[0] and "--data.loader_timeout" in err[0]

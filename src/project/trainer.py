@@ -64,6 +64,7 @@ class Trainer(L.Trainer):
         with (
             disk_full_ends_in_one_line(self, "fit"),
             out_of_memory_ends_in_one_line(self),
+            loader_stall_ends_in_one_line(self),
             checkpoints_written(self),
         ):
             super().fit(*args, **kwargs)
@@ -242,6 +243,28 @@ def out_of_memory_ends_in_one_line(trainer: L.Trainer) -> Iterator[None]:
             "halve --data.batch_size and set --trainer.accumulate_grad_batches=2 (the same batch per "
             "optimizer step), or --trainer.precision=bf16-mixed; then resume with --ckpt_path last (the "
             "last checkpoint is kept).",
+        ) from None
+
+
+@contextmanager
+def loader_stall_ends_in_one_line(trainer: L.Trainer) -> Iterator[None]:
+    """A loader whose workers deliver no batch for --data.loader_timeout seconds (DataLoader's timeout)
+    stops the run with one message naming each worker and the file it was reading."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "DataLoader timed out" not in str(e):
+            raise
+        datamodule = trainer.datamodule
+        reads = datamodule.stalled_reads() if hasattr(datamodule, "stalled_reads") else []
+        timeout = getattr(datamodule, "loader_timeout", None)
+        raise UserError(
+            f"The data loader delivered no batch for {timeout or 'the timeout of'} seconds at step "
+            f"{trainer.global_step}: a worker is stuck"
+            + (f"; each worker was reading: {'; '.join(reads)}" if reads else "")
+            + ".",
+            "check that file and its file system (a stuck network mount, a file another process holds), "
+            "then resume with --ckpt_path last; raise --data.loader_timeout if batches are merely slow.",
         ) from None
 
 

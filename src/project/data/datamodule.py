@@ -54,6 +54,7 @@ from project.data.transforms import (
     eval_transform,
     train_transform,
 )
+from project.data.worker_reads import WorkerReads
 from project.data.worker_signals import worker_init
 from project.errors import UserError
 
@@ -174,6 +175,7 @@ class ImageDataModule(L.LightningDataModule):
         batch_size: int = 64,
         num_workers: int | None = None,
         prefetch_factor: int | None = None,
+        loader_timeout: int = 600,
         skip_bad_images: bool = False,
         predict_dir: str | None = None,
         labels_csv: str | None = None,
@@ -212,6 +214,9 @@ class ImageDataModule(L.LightningDataModule):
             num_workers: DataLoader worker processes; null means one per CPU core (at most 8).
             prefetch_factor: Batches each worker keeps ready ahead of the training step; null means
                 PyTorch's default (2). Ignored when num_workers is 0.
+            loader_timeout: Seconds a loader waits for a batch from its workers before the run stops,
+                naming each worker and the file it was reading (a stuck network file system, a decode
+                that never returns); 0 waits forever. Ignored when num_workers is 0.
             skip_bad_images: Skip files that cannot be decoded (with a warning) instead of stopping.
             predict_dir: Folder of images (searched recursively) for `predict`.
             labels_csv: Multi-label data: a CSV of `file,labels[,split]` rows (files relative to root, or
@@ -273,6 +278,13 @@ class ImageDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = default_num_workers() if num_workers is None else num_workers
         self.prefetch_factor = prefetch_factor
+        require(
+            isinstance(loader_timeout, int) and loader_timeout >= 0,
+            "data.loader_timeout",
+            loader_timeout,
+            "whole seconds, at least 0 (0: wait forever)",
+        )
+        self.loader_timeout = loader_timeout
         self.skip_bad_images = skip_bad_images
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
         require(cache in (True, False, "auto"), "data.cache", cache, "true, false or auto")
@@ -574,6 +586,7 @@ class ImageDataModule(L.LightningDataModule):
                 num_workers=self.num_workers,
                 pin_memory=on_gpu,
                 prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
+                timeout=self.loader_timeout if self.num_workers > 0 else 0,
                 collate_fn=self._collate(dataset),
                 worker_init_fn=worker_init,
             )
@@ -587,9 +600,12 @@ class ImageDataModule(L.LightningDataModule):
             # evaluation counts every image once; Lightning's DistributedSampler would pad with repeats
             world, rank = self.trainer.world_size, self.trainer.global_rank
             sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
+        if self.num_workers > 0 and hasattr(dataset, "reads"):
+            dataset.reads = WorkerReads(self.num_workers)  # what each worker reads, named if it stalls
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
+            timeout=self.loader_timeout if self.num_workers > 0 else 0,
             shuffle=train and sampler is None,
             sampler=sampler,
             drop_last=train and len(dataset) > self.batch_size,  # no 1-image batch for BatchNorm
@@ -602,6 +618,15 @@ class ImageDataModule(L.LightningDataModule):
             # the workers outlive a SIGTERM/SIGINT to the process group, so GracefulStop can save
             worker_init_fn=worker_init,
         )
+
+    def stalled_reads(self) -> list[str]:
+        """What each loader worker was reading when a loader timed out: '<split>: worker N: <file>'."""
+        found = []
+        for split, dataset in self.datasets.items():
+            reads = getattr(dataset, "reads", None)
+            if reads is not None:
+                found += [f"{split}: worker {w}: '{path}'" for w, path in reads.reading().items()]
+        return found
 
     def _collate(self, dataset: Dataset) -> Any:
         if isinstance(dataset, CachedBatches):

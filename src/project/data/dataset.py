@@ -15,6 +15,7 @@ from project.data.cache import DecodedImages
 from project.data.decode import BadImageError, load_rgb
 from project.data.index import ImageIndex
 from project.data.skipped import SkipLog
+from project.data.worker_reads import WorkerReads
 from project.terminal import printable
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -24,7 +25,10 @@ class ImageDataset(Dataset):
     """(uint8 image, label) pairs; a bad file raises, or yields None when `skip_bad_images` is set.
 
     With `cache`, images come from the decoded buffer instead of the files (same transforms after).
+    `reads` (set by the data module's loader): where each worker notes the file it opens.
     """
+
+    reads: WorkerReads | None = None
 
     def __init__(
         self,
@@ -108,6 +112,8 @@ def whole_batch(batch: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.
 class FileDataset(Dataset):
     """(uint8 image, position in `files`) pairs for prediction on unlabelled images."""
 
+    reads: WorkerReads | None = None
+
     def __init__(
         self,
         files: Sequence[Path],
@@ -132,6 +138,8 @@ class FileDataset(Dataset):
 
 
 def _load(path: Path, dataset: ImageDataset | FileDataset) -> torch.Tensor | None:
+    if dataset.reads is not None:
+        dataset.reads.note(path)
     try:
         return load_rgb(path)
     except BadImageError as e:
