@@ -350,3 +350,13 @@ def test_a_name_too_long_for_a_file_name_is_one_error_line(tmp_path: Path, capsy
     assert line.startswith(f"error: --name '{'a' * 40}...' is 5,000 characters long; a package name may")
     assert " Fix: pick a shorter name" in line and len(line) < 300
     assert list(tmp_path.iterdir()) == []
+
+
+def test_renaming_keeps_pyprojects_project_table_read_as_a_dict() -> None:
+    from project.new import rename_text, renamer
+
+    rules = renamer("project", "my_task")
+    table = 'tomllib.loads(text)["project"]["dependencies"]'
+    assert rename_text(table, rules) == table  # the PEP 621 table keeps its name in every pyproject
+    assert rename_text('launchers(installed)["project"]', rules) == 'launchers(installed)["my_task"]'
+    assert rename_text("name = 'project'", rules) == "name = 'my_task'"

@@ -69,7 +69,8 @@ EXCLUDED_NAMES = (
 EXCLUDED_TOP = ("data",)
 KEEP_ONLY_GITKEEP = ("logs", "checkpoints")
 
-# Where the copy may still say the old name: prose ("this project"), pyproject's [project] tables,
+# Where the copy may still say the old name: prose ("this project"), pyproject's [project] tables (also
+# read as a dict, ["project"]["dependencies"]),
 # a test helper function called project(...), and the docs' example of `new` (`--name my_task`, its
 # commit `Start my_task`): a copy of a copy named like the example keeps that example as it was.
 INTENTIONAL = (
@@ -77,6 +78,7 @@ INTENTIONAL = (
     r"the project\b",
     r"new project\b",
     r"\[project\b",
+    r'\["project"\]\["dependencies"\]',
     r"\bproject\(",
     r"--name \w+",
     r"`Start \w+`",
@@ -99,7 +101,8 @@ def renamer(old: str, new: str) -> list[tuple[re.Pattern[str], str]]:
         (re.compile(rf"(?<![\w\[.\-/]){o}(?=\.[A-Za-z_])"), new),  # dotted paths, not [project.x] tables
         (re.compile(rf"(-m\s+){o}\b"), rf"\1{new}"),  # python -m project
         (re.compile(rf"(?<![\w-])src/{o}\b"), f"src/{new}"),  # the package folder
-        (re.compile(rf"(?P<q>[\"']){o}(?P=q)"), rf"\g<q>{new}\g<q>"),  # "project": module/dist names
+        # "project": module and distribution names; not pyproject's [project] table read as a dict
+        (re.compile(rf"(?P<q>[\"']){o}(?P=q)(?!\]\[(?P=q)dependencies)"), rf"\g<q>{new}\g<q>"),
         (re.compile(rf"^{o}( = )", re.MULTILINE), rf"{new}\1"),  # pyproject [project.scripts] entry
         (re.compile(rf"^# {o}:", re.MULTILINE), f"# {new}:"),  # README title
         (re.compile(rf"`{o}(?=[`\s])"), f"`{new}"),  # the console script in prose: `project`, `project fit`
