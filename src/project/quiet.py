@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelSummary
@@ -22,8 +23,16 @@ DROPPED_INFO = (
     "Loading `train_dataloader` to estimate number of stepping batches",
     "Trainer already configured with model summary callbacks",
 )
-# raised inside Lightning 2.6 (utilities/_pytree.py) on every fit by torch >= 2.10; nothing a user can change
-DROPPED_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated",)
+DROPPED_WARNINGS = (
+    # raised inside Lightning 2.6 (utilities/_pytree.py) on every fit by torch >= 2.10; nothing to change
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # on every small data set: the template logs every epoch's metrics and the step curves it has
+    r"The number of training batches \(\d+\) is smaller than the logging interval",
+    # predict/validate/test --ckpt_path of a fit: its Timer's state is in the checkpoint, the Timer is
+    # fit's (the time budget) and nothing else needs it
+    r"(?s).*Please add the following callbacks: \['Timer'\]\.$",
+)
+PACKAGE_FOLDER = str(Path(__file__).parent)
 
 
 class _DropInfo(logging.Filter):
@@ -40,6 +49,21 @@ def quiet_lightning() -> None:
             logger.addFilter(_DropInfo())
     for message in DROPPED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
+    if not getattr(warnings.formatwarning, "plain", False):
+        warnings.formatwarning = _plain(warnings.formatwarning)
+
+
+def _plain(default: Any) -> Any:
+    """The template's own warnings as one `warning: <message>` line: Python's format adds the file,
+    the line number and the source line of the call (a stray `rank_zero_warn(` line)."""
+
+    def format_warning(message: Any, category: type, filename: str, lineno: int, line: Any = None) -> str:
+        if str(filename).startswith(PACKAGE_FOLDER):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    format_warning.plain = True  # type: ignore[attr-defined]
+    return format_warning
 
 
 class CompactModelSummary(ModelSummary):
