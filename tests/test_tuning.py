@@ -122,3 +122,21 @@ def test_the_lr_plot_is_drawn_as_plain_text_whatever_the_matplotlibrc() -> None:
     with matplotlib.rc_context({"text.usetex": True}):
         png = lr_plot(finder, 1e-3)
     assert png.startswith(b"\x89PNG")
+
+
+def test_the_lr_plot_marks_the_rate_the_command_prints() -> None:
+    """Where checked_suggestion moved Lightning's suggestion, the plot marks the rate printed."""
+    import matplotlib.pyplot as plt
+    from lightning.pytorch.tuner.lr_finder import _LRFinder
+
+    from project.tuning import lr_figure
+
+    finder = _LRFinder(mode="exponential", lr_min=1e-5, lr_max=1.0, num_training=20)
+    lrs = np.geomspace(1e-5, 1.0, 20)
+    finder.results = {"lr": lrs.tolist(), "loss": (2 - np.tanh(np.log10(lrs) + 3)).tolist()}
+    printed = float(lrs[4])  # not where Lightning's steepest-fall rule would put it
+    figure = lr_figure(finder, printed)
+    marked = [line for line in figure.axes[0].lines if line.get_marker() == "o"]
+    assert [float(line.get_xdata()[0]) for line in marked] == [printed]
+    assert figure.axes[0].get_title() == f"Suggested learning rate {printed:.1e}"
+    plt.close(figure)

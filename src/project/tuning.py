@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import numpy as np
@@ -72,18 +72,29 @@ def find_lr(
 
 
 def lr_plot(finder: _LRFinder, suggestion: float) -> bytes:
-    """The finder's loss against learning rate, as a PNG, titled with the suggestion."""
+    """The finder's loss against learning rate, as a PNG, titled with the suggestion and marking it."""
     import matplotlib.pyplot as plt
 
     from project.figures import plain_text
 
     with plain_text():  # text, neither mathtext nor LaTeX (a matplotlibrc's usetex)
-        figure = finder.plot(suggest=True)
-        figure.axes[0].set_title(f"Suggested learning rate {suggestion:.1e}")
+        figure = lr_figure(finder, suggestion)
         image = io.BytesIO()
         figure.savefig(image, format="png", dpi=100)
     plt.close(figure)
     return image.getvalue()
+
+
+def lr_figure(finder: _LRFinder, suggestion: float) -> Any:
+    """The finder's curve with the rate the command prints marked (where checked_suggestion moved it,
+    Lightning's own mark would point elsewhere)."""
+    figure = finder.plot(suggest=False)
+    axis = figure.axes[0]
+    lrs, losses = np.asarray(finder.results["lr"]), np.asarray(finder.results["loss"])
+    at = int(np.argmin(np.abs(np.log(lrs) - math.log(suggestion))))
+    axis.plot(lrs[at], losses[at], marker="o", markersize=10, color="red", label="suggested")
+    axis.set_title(f"Suggested learning rate {suggestion:.1e}")
+    return figure
 
 
 def checked_suggestion(lrs: list[float], losses: list[float], suggestion: float) -> tuple[float, str | None]:
