@@ -34,10 +34,10 @@ def validation_images(datamodule: object, count: int = 7) -> list[torch.Tensor]:
     except ValueError:
         return []
     # --data.skip_bad_images holds here as in training: an image that does not decode is left out
-    picks = source.samples(
-        "val", count, lambda image: image, bool(getattr(datamodule, "skip_bad_images", False))
-    )
-    return [sample[0] for sample in (picks[i] for i in range(len(picks))) if sample is not None]
+    skip = bool(getattr(datamodule, "skip_bad_images", False))
+    picks = source.samples("val", 2 * count, lambda image: image, skip)  # room for skipped ones
+    images = (picks[i] for i in range(len(picks)))
+    return [sample[0] for sample in images if sample is not None][:count]
 
 
 def verification_batches(
