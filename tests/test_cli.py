@@ -96,9 +96,10 @@ def test_validate_test_and_predict_from_a_checkpoint(
     common = [f"--ckpt_path={ckpt}", f"--data.root={shapes_root}", "--data.num_workers=0"]
     assert run_cli("validate", *common) == 0
     assert run_cli("test", *common) == 0
-    assert {"test/acc", "test/loss"} <= scalar_tags(workdir / "logs" / "p")
+    assert {"test/acc", "test/loss"} <= scalar_tags(workdir / "logs" / "p" / "test")
+    assert "test/acc" not in scalar_tags(workdir / "logs" / "p")  # the fit's own run stays the fit's
     assert (workdir / "logs" / "p" / "config.yaml").is_file() and (
-        workdir / "logs" / "p" / "test-config.yaml"
+        workdir / "logs" / "p" / "test" / "test-config.yaml"
     ).is_file()
 
     images = tmp_path / "incoming"

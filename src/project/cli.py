@@ -248,7 +248,10 @@ class ProjectCLI(LightningCLI):
         logger = config.trainer.logger
         if hasattr(logger, "init_args") and "name" in logger.init_args:
             logger.init_args.name = config.name
-            logger.init_args.version = ""
+            # validate/test/predict log to logs/<name>/<subcommand>/, a TensorBoard run of its own: in the
+            # fit's folder their step-0 points would end the fit's series there (TensorBoard drops the
+            # later points of a tag whose steps go back) and `report` would draw them as the fit's
+            logger.init_args.version = "" if self.subcommand == "fit" else self.subcommand
 
 
 def console_callbacks(subcommand: str, config: Any) -> list[Callback]:
