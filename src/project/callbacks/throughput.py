@@ -36,6 +36,11 @@ class Throughput(Callback):
         self._validation_s = 0.0  # the last validation's duration, for the time left
 
     @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # a fit resumed mid-epoch gets no on_train_epoch_start for that epoch: its time counts from here
+        self._epoch_start = time.perf_counter()
+
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = time.perf_counter()
         self._ends.clear()  # the first batch of an epoch waits for the loader workers: not counted
