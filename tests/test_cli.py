@@ -29,6 +29,7 @@ def test_fit_writes_logs_checkpoints_and_config(workdir: Path, shapes_root: Path
     assert run_cli("fit", *fast_args(shapes_root, "--name=first", "--trainer.max_epochs=2")) == 0
     logs = workdir / "logs" / "first"
     assert (logs / "config.yaml").is_file() and list(logs.glob("events.out.tfevents.*"))
+    assert not (logs / ".lock").exists()  # given back as the fit ended
     tags = scalar_tags(logs)
     expected = {
         "train/loss",

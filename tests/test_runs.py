@@ -164,3 +164,14 @@ def test_a_refused_existing_name_leaves_nothing_behind(workdir: Path, shapes_roo
         "logs/logged",
         "logs/logged/events.out",
     ]
+
+
+@pytest.mark.parametrize("name", ["--name=never", None])
+def test_a_fit_refused_at_start_leaves_no_run_behind(workdir: Path, tmp_path: Path, capsys, name) -> None:
+    """Before: `logs/<name>/.lock` in an otherwise empty folder, which `report` then listed as a run."""
+    flags = [f"--data.root={tmp_path / 'missing'}", *([name] if name else [])]
+    assert run_cli("fit", *flags) == 2
+    assert "error: Data folder" in capsys.readouterr().err
+    assert list((workdir / "logs").iterdir()) == []
+    assert not (workdir / "checkpoints").exists() or list((workdir / "checkpoints").iterdir()) == []
+    assert runs.fit_run_name("never", None) == "never"  # the name is free for the corrected command

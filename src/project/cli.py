@@ -42,7 +42,15 @@ from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError, exits_on_user_error, usage_error
 from project.model import ImageClassifier
 from project.quiet import CompactModelSummary, quiet_lightning
-from project.runs import CHECKPOINTS, LOGS, debug_run_name, eval_run_name, fit_run_name, newest_run
+from project.runs import (
+    CHECKPOINTS,
+    LOGS,
+    debug_run_name,
+    eval_run_name,
+    fit_run_name,
+    newest_run,
+    release_runs,
+)
 from project.trainer import Trainer
 
 # Subcommands that evaluate a trained model: its classes, image size and data settings come from
@@ -371,4 +379,7 @@ def packaged_config(path: str) -> str:
 @exits_on_user_error
 def main(args: list[str] | None = None) -> None:
     """Entry point of the LightningCLI subcommands (fit, validate, export, lr_find, ...)."""
-    ProjectCLI(args=args)
+    try:
+        ProjectCLI(args=args)
+    finally:
+        release_runs()  # finished, stopped or refused: the run's lock (and an empty run folder) goes
