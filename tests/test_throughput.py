@@ -50,3 +50,29 @@ def test_an_epoch_resumed_midway_times_only_this_process(tmp_path: Path) -> None
     took = time.perf_counter() - started
     assert trainer.global_step == 8  # resumed at step 3 of the same epoch
     assert 0 < float(trainer.callback_metrics["time/epoch_s"]) <= took
+
+
+class TimeLeft(L.Callback):
+    """The `eta_s` the progress bar shows after each batch."""
+
+    def __init__(self) -> None:
+        self.shown: list[float] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if "eta_s" in trainer.progress_bar_metrics:
+            self.shown.append(float(trainer.progress_bar_metrics["eta_s"]))
+
+
+@pytest.mark.slow
+def test_the_time_left_is_at_most_the_time_budget_left() -> None:
+    """With --trainer.max_time the fit ends when the budget does: `eta_s` showed 40-50 minutes with 4 left."""
+    shown = TimeLeft()
+    budget = 2
+    trainer = tiny_trainer(
+        Throughput(window=2), shown, max_epochs=100_000, limit_val_batches=0, max_time={"seconds": budget}
+    )
+    trainer.fit(Linear(), data())
+    assert trainer.current_epoch < 100_000 - 1  # the budget ended it
+    assert len(shown.shown) > 10
+    assert max(shown.shown) <= budget
+    assert shown.shown[-1] <= 1  # counts down with the budget
