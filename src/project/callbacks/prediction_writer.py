@@ -77,6 +77,14 @@ class PredictionWriter(BasePredictionWriter):
         self._positions, self._probabilities, self._classes, self._known = [], [], [], []
         self._scores = []
         self.calibration = Calibration()
+        tta = getattr(pl_module, "tta", "none")
+        if tta != "none" and trainer.is_global_zero:
+            print(
+                f"Predicting with test-time augmentation (--model.tta={tta}, the run's setting unless "
+                "given): each image's answer is the mean of its views' logits, which the exports that "
+                "`infer` and `serve` run do not compute, so their answers can differ. --model.tta=none "
+                "predicts as they do."
+            )
         if not is_multilabel(pl_module):
             found = self._export_sidecar(trainer)
             if found is not None:
