@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from project.cli import ProjectCLI
 from project.data.decode import load_rgb
 from project.data.shapes import CLASSES
 from project.data.transforms import eval_transform
@@ -228,3 +230,18 @@ def test_the_docs_preset_paths_work_from_any_folder(workdir: Path, capsys, form:
     (workdir / "configs" / "presets" / "debug.yaml").write_text("trainer:\n  fast_dev_run: 2\n")
     assert run_cli("fit", *form.split(" "), "--print_config") == 0  # a file of that path here wins
     assert yaml.safe_load(capsys.readouterr().out)["trainer"]["fast_dev_run"] == 2
+
+
+def test_no_command_lists_every_command(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Before: LightningCLI's usage, which names only its own subcommands (infer, serve, report, new and
+    the others appeared only under --help)."""
+    from project import __main__
+
+    monkeypatch.setattr(sys, "argv", ["project"])
+    with pytest.raises(SystemExit) as exit:
+        __main__.main()
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: No command given; the commands are fit, ") and err.count("\n") == 1
+    listed = err.split("the commands are ")[1].split(".")[0].split(", ")
+    assert sorted(listed) == sorted([*ProjectCLI.subcommands(), *__main__.COMMANDS])
