@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import project
 from project import runs
@@ -62,11 +63,12 @@ def test_a_run_in_use_is_refused_by_name_and_freed_when_its_process_dies(
 def test_resuming_a_run_in_use_is_refused(workdir: Path, shapes_root: Path, holder, capsys) -> None:
     last = workdir / "checkpoints" / "r" / "last.ckpt"
     last.parent.mkdir(parents=True)
-    last.write_bytes(b"a checkpoint")
+    torch.save({"hyper_parameters": {}}, last)  # a file resuming reads its settings from
+    before = last.read_bytes()
     other = holder("r")
     assert run_cli("fit", *fast_args(shapes_root, "--name=r", "--ckpt_path=last")) == 2
     assert f"Run 'r' is being written by process {other.pid}" in capsys.readouterr().err
-    assert last.read_bytes() == b"a checkpoint"  # untouched
+    assert last.read_bytes() == before  # untouched
 
 
 def test_two_new_runs_in_the_same_second_get_different_names(workdir: Path, holder, monkeypatch) -> None:

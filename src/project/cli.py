@@ -198,7 +198,7 @@ class ProjectCLI(LightningCLI):
         (validate, test and predict check this in the data module; fit links the model's classes to the
         data's, so a mismatch would surface as PyTorch's size mismatch loading the weights, or not at all.)
         """
-        data_classes = list(getattr(self.datamodule, "class_names", None) or [])
+        data_classes = list(self.datamodule.class_names)  # linked to the model's: every data module has them
         if self.checkpoint_classes is None or list(self.checkpoint_classes) == data_classes:
             return
         config = self.config[self.subcommand]
