@@ -63,7 +63,8 @@ def test_a_run_in_use_is_refused_by_name_and_freed_when_its_process_dies(
 def test_resuming_a_run_in_use_is_refused(workdir: Path, shapes_root: Path, holder, capsys) -> None:
     last = workdir / "checkpoints" / "r" / "last.ckpt"
     last.parent.mkdir(parents=True)
-    torch.save({"hyper_parameters": {}}, last)  # a file resuming reads its settings from
+    # resuming reads the run's settings from it first
+    torch.save({"pytorch-lightning_version": "2.6.0", "state_dict": {}, "hyper_parameters": {}}, last)
     before = last.read_bytes()
     other = holder("r")
     assert run_cli("fit", *fast_args(shapes_root, "--name=r", "--ckpt_path=last")) == 2
