@@ -165,9 +165,12 @@ def _try_lock(name: str) -> bool:
     path = _lock_path(name)
     if path.absolute() in _held or fcntl is None:
         return True
-    path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the empty folder went with a run given back in between (release_runs)
+            continue
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
