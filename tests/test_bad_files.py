@@ -99,3 +99,45 @@ def test_without_skipping_the_first_bad_file_stops_the_run_by_name(
     assert f"error: Cannot decode image '{root / 'val' / 'ring' / 'zero.png'}': the file is empty." in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.slow
+def test_skipped_file_warnings_count_this_command_and_advise_no_flag_already_set(
+    workdir: Path, shapes_root: Path, tmp_path: Path
+) -> None:
+    """Each command counts the files it skipped, not a list an earlier one left; a run that skips
+    bad images is not told to set --data.skip_bad_images=true."""
+    import warnings
+
+    data = tmp_path / "data"
+    shutil.copytree(shapes_root, data)
+    (data / "val" / "circle" / "zz-bad.jpg").write_bytes(b"not an image")
+    dirty, clean = tmp_path / "dirty", tmp_path / "clean"
+    clean.mkdir()
+    shutil.copy(next((shapes_root / "val" / "square").glob("*.jpg")), clean / "a.jpg")
+    shutil.copytree(clean, dirty)
+    (dirty / "bad.jpg").write_bytes(b"not an image either")
+    ckpt = workdir / "checkpoints" / "skips" / "last.ckpt"
+    commands = {
+        "fit": fast_args(
+            data, "--name=skips", "--data.skip_bad_images=true", "--trainer.limit_train_batches=1"
+        ),
+        "export": [f"--ckpt_path={ckpt}", "--data.num_workers=0"],
+        "predict-dirty": [f"--ckpt_path={ckpt}", f"--data.predict_dir={dirty}", "--data.num_workers=0"],
+        "predict-clean": [f"--ckpt_path={ckpt}", f"--data.predict_dir={clean}", "--data.num_workers=0"],
+    }
+    said = {}
+    for name, args in commands.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert run_cli(name.split("-")[0], *args) == 0
+        said[name] = [str(w.message) for w in caught]
+    counts = {
+        name: [m for m in messages if "unreadable files were skipped" in m] for name, messages in said.items()
+    }
+    assert [m.split(";")[0] for m in counts["fit"]] == ["1 unreadable files were skipped"]
+    assert [m.split(";")[0] for m in counts["predict-dirty"]] == ["1 unreadable files were skipped"]
+    assert counts["predict-clean"] == []  # before: 1, the fit's (or the last predict's) list
+    skipped = [m for m in said["export"] if m.startswith("Skipped a bad image")]
+    assert skipped and all("zz-bad.jpg" in m for m in skipped)
+    assert not [m for messages in said.values() for m in messages if "skip_bad_images=true" in m]

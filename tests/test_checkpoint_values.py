@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
@@ -91,8 +92,8 @@ def test_a_class_path_in_a_checkpoint_is_never_imported(
     )
     err = capsys.readouterr().err
     assert not marker.exists()
-    if (key in ("optimizer", "scheduler") and command != "fit") or (key == "root" and command == "fit"):
-        assert status == 0  # evaluation never reads the optimizer, fit never the run's data settings
+    if key in ("optimizer", "scheduler") and command != "fit":
+        assert status == 0  # evaluation never reads the optimizer
     else:
         assert status == 2
         assert re.search(rf"error: Refused checkpoint '.*evil-{key}.ckpt': its setting '{key}", err)
@@ -159,6 +160,39 @@ def test_validate_on_other_classes_is_one_message(inside: Path, tmp_path: Path, 
 def test_last_names_the_runs_last_checkpoint_outside_fit(inside: Path, capsys) -> None:
     config = printed_config(capsys, "validate", "--ckpt_path=last", "--name=r")
     assert config["data"]["image_size"] == 32
+
+
+def test_resume_takes_the_runs_data_settings_and_refuses_other_classes(
+    inside: Path, shapes_root: Path, tmp_path: Path, capsys
+) -> None:
+    """Resumed with the data of the command line (the embedded shapes when it names none), a run trained
+    on a folder of 2 classes ended in PyTorch's `size mismatch for net.fc.weight`, or trained on other
+    data of the same number of classes."""
+    config = printed_config(capsys, "fit", f"--ckpt_path={best(inside)}")
+    assert config["data"]["root"] == str(shapes_root)
+    assert config["data"]["image_size"] == 32 and config["data"]["batch_size"] == 16
+    config = printed_config(capsys, "fit", "--ckpt_path=last", "--name=r", "--data.batch_size=5")
+    assert (config["data"]["root"], config["data"]["batch_size"]) == (str(shapes_root), 5)  # flags win
+
+    copy = tmp_path / "elsewhere.ckpt"  # resumed as a run of its own: the module's run `r` stays as it is
+    copy.write_bytes(best(inside).read_bytes())
+    quick = ["--data.num_workers=0", "--export_best.enabled=false", "--trainer.enable_progress_bar=false"]
+    assert run_cli("fit", f"--ckpt_path={copy}", "--name=resumed", "--trainer.max_epochs=2", *quick) == 0
+    assert not (inside / "data").exists()  # the embedded shapes were never made: the run's own data
+    resumed = yaml.safe_load((inside / "logs" / "resumed" / "config.yaml").read_text())
+    assert resumed["data"]["root"] == str(shapes_root)
+
+    two = tmp_path / "two"
+    for split in ("train", "val"):
+        for name in ("circle", "square"):
+            shutil.copytree(shapes_root / split / name, two / split / name)
+    capsys.readouterr()
+    assert run_cli("fit", f"--ckpt_path={copy}", "--name=other", f"--data.root={two}", *quick) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: Checkpoint '{copy}' was trained on classes ['circle', ")
+    assert f"but the data to resume on ('{two}') has ['circle', 'square']. Fix: " in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (inside / "logs" / "other").exists()
 
 
 @pytest.mark.parametrize("command", ["validate", "test", "predict", "fit"])

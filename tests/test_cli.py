@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from project.cli import ProjectCLI
 from project.data.decode import load_rgb
 from project.data.shapes import CLASSES
 from project.data.transforms import eval_transform
@@ -29,6 +31,7 @@ def test_fit_writes_logs_checkpoints_and_config(workdir: Path, shapes_root: Path
     assert run_cli("fit", *fast_args(shapes_root, "--name=first", "--trainer.max_epochs=2")) == 0
     logs = workdir / "logs" / "first"
     assert (logs / "config.yaml").is_file() and list(logs.glob("events.out.tfevents.*"))
+    assert not (logs / ".lock").exists()  # given back as the fit ended
     tags = scalar_tags(logs)
     expected = {
         "train/loss",
@@ -96,9 +99,10 @@ def test_validate_test_and_predict_from_a_checkpoint(
     common = [f"--ckpt_path={ckpt}", f"--data.root={shapes_root}", "--data.num_workers=0"]
     assert run_cli("validate", *common) == 0
     assert run_cli("test", *common) == 0
-    assert {"test/acc", "test/loss"} <= scalar_tags(workdir / "logs" / "p")
+    assert {"test/acc", "test/loss"} <= scalar_tags(workdir / "logs" / "p" / "test")
+    assert "test/acc" not in scalar_tags(workdir / "logs" / "p")  # the fit's own run stays the fit's
     assert (workdir / "logs" / "p" / "config.yaml").is_file() and (
-        workdir / "logs" / "p" / "test-config.yaml"
+        workdir / "logs" / "p" / "test" / "test-config.yaml"
     ).is_file()
 
     images = tmp_path / "incoming"
@@ -226,3 +230,18 @@ def test_the_docs_preset_paths_work_from_any_folder(workdir: Path, capsys, form:
     (workdir / "configs" / "presets" / "debug.yaml").write_text("trainer:\n  fast_dev_run: 2\n")
     assert run_cli("fit", *form.split(" "), "--print_config") == 0  # a file of that path here wins
     assert yaml.safe_load(capsys.readouterr().out)["trainer"]["fast_dev_run"] == 2
+
+
+def test_no_command_lists_every_command(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Before: LightningCLI's usage, which names only its own subcommands (infer, serve, report, new and
+    the others appeared only under --help)."""
+    from project import __main__
+
+    monkeypatch.setattr(sys, "argv", ["project"])
+    with pytest.raises(SystemExit) as exit:
+        __main__.main()
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: No command given; the commands are fit, ") and err.count("\n") == 1
+    listed = err.split("the commands are ")[1].split(".")[0].split(", ")
+    assert sorted(listed) == sorted([*ProjectCLI.subcommands(), *__main__.COMMANDS])

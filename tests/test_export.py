@@ -438,3 +438,44 @@ def test_int8_measurement_when_every_validation_image_is_bad_says_why(tmp_path: 
     assert line.startswith(
         f"int8 model {tmp_path / 'm-int8.onnx'}: not compared with float (every validation"
     )
+
+
+@pytest.mark.slow
+def test_a_run_with_tta_exports_under_its_own_accuracy(workdir: Path, shapes_root: Path, capsys) -> None:
+    """The export runs without test-time augmentation: its name and sidecar stated the checkpoint's score,
+    measured with it (0.7317 where the export scored 0.6733); predict inherited it without a word."""
+    args = fast_args(shapes_root, "--name=tta", "--model.tta=flip", "--export_best.enabled=true")
+    assert run_cli("fit", *args, "--trainer.limit_train_batches=1") == 0
+    folder = workdir / "checkpoints" / "tta"
+    sidecar = json.loads((folder / "latest.json").read_text())
+    best = Path(sidecar["source_checkpoint"]["path"])
+    checkpoint_score = float(re.search(r"val_acc=(\d\.\d{4})", best.name).group(1))
+    metrics = sidecar["metrics"]
+    assert metrics["val/acc_with_tta_flip"] == pytest.approx(checkpoint_score, abs=1e-4)
+    assert metrics["val/acc_images"] == 24
+
+    plain = ["--model.tta=none", "--data.num_workers=0"]
+    assert run_cli("validate", f"--ckpt_path={best}", *plain) == 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(workdir / "logs" / "tta" / "validate"))
+    events.Reload()
+    own = events.Scalars("val/acc")[-1].value
+    assert metrics["val/acc"] == pytest.approx(own, abs=1e-6)  # what the export scores
+    assert os.readlink(folder / "latest.onnx").startswith(f"tta-val_acc={metrics['val/acc']:.4f}-")
+    session = ort.InferenceSession(str(folder / "latest.onnx"))
+    datamodule = ImageDataModule(root=str(shapes_root), image_size=32, num_workers=0)
+    loader = calibrate.validation_loader(datamodule, 32, sidecar["preprocessing"]["crop_ratio"])
+    right = total = 0
+    for images, labels in loader:
+        logits = session.run(None, {"images": images.numpy()})[0]
+        right, total = right + int((logits.argmax(1) == labels.numpy()).sum()), total + len(labels)
+    assert right / total == pytest.approx(metrics["val/acc"], abs=1e-6)
+
+    capsys.readouterr()
+    images = f"--data.predict_dir={shapes_root / 'val' / 'circle'}"
+    assert run_cli("predict", f"--ckpt_path={best}", images, "--data.num_workers=0") == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "test-time augmentation" in line]
+    assert len(said) == 1 and "--model.tta=flip" in said[0] and "--model.tta=none" in said[0]
+    assert run_cli("predict", f"--ckpt_path={best}", images, *plain) == 0
+    assert "test-time augmentation" not in capsys.readouterr().out

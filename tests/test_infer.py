@@ -212,3 +212,14 @@ def test_a_bad_file_with_control_characters_is_named_escaped(model: Path, tmp_pa
         in err
     )
     assert len(err.splitlines()) == 2  # that file's line and the summary: no forged line
+
+
+def test_the_readme_says_where_infer_writes(model: Path, tmp_path: Path) -> None:
+    """Before: the README's table said `infer` writes "to a CSV"; without --output it prints to stdout."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `infer` |"))
+    assert "on stdout" in row and "a CSV with `--output`" in row
+    good = colour(tmp_path / "red.png", (230, 20, 20))
+    result = infer("--model", str(model), str(good), cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.decode().startswith(f"{good}\tred ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["red.png"]  # no file written

@@ -167,3 +167,31 @@ def test_last_ckpt_uses_the_export_of_a_checkpoint_with_its_weights_or_names_the
     assert f"The run's export '{tmp_path / 'run-export.json'}' is of '{best}', whose weights differ." in said
     assert f"Pass --ckpt_path={best} to predict with the exported model" in said
     assert f"(python -m project export --ckpt_path {other})" in said
+
+
+def test_without_an_output_each_predict_writes_a_new_csv_in_the_runs_folder(
+    workdir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Before: `./predictions.csv` in the working folder, replaced by every later predict of any run."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    images = workdir / "images"
+    images.mkdir()
+    files = []
+    for i, colour in enumerate(COLOURS.values()):
+        files.append(images / f"{i}.png")
+        Image.fromarray(np.full((8, 8, 3), colour, dtype=np.uint8)).save(files[-1])
+    written = []
+    for _ in range(2):
+        logger = TensorBoardLogger("logs", name="run", version="predict")  # as the CLI sets it for predict
+        loader = DataLoader(FileDataset(files, lambda image: image, root=images), batch_size=2)
+        tiny_trainer(PredictionWriter(top_k=2), logger=logger).predict(
+            MeanColour(), loader, return_predictions=False
+        )
+        said = capsys.readouterr().out
+        written.append(Path(said.split("Wrote 3 rows (one per image) to ")[1].split("\n")[0]))
+    folder = Path("logs") / "run" / "predict"
+    assert [p.parent for p in written] == [folder, folder] and written[0] != written[1]
+    assert all(p.name.startswith("predictions-") and p.suffix == ".csv" for p in written)
+    assert sorted(folder.glob("predictions-*.csv")) == sorted(written)  # the first one kept
+    assert not list(workdir.glob("*.csv"))

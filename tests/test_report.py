@@ -200,3 +200,44 @@ def test_report_html_in_a_browser(workdir: Path) -> None:
         page.screenshot(path=str(REPORT_SCREENSHOT), full_page=True)
         browser.close()
     assert dialogs == []
+
+
+@pytest.mark.slow
+def test_a_later_validate_or_predict_leaves_the_fits_curves_as_they_were(
+    workdir: Path, shapes_root: Path, tmp_path: Path
+) -> None:
+    """TensorBoard reads a run folder's event files as one series per tag: an evaluation at step 0 in the
+    fit's folder made it drop the fit's later points."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    fit = fast_args(shapes_root, "--name=kept", "--trainer.max_epochs=2", "--trainer.limit_train_batches=2")
+    assert run_cli("fit", *fit) == 0
+    folder = workdir / "logs" / "kept"
+    fitted = read_run(folder)
+    steps, values = fitted.scalars["val/acc"]
+    assert len(steps) == 2 and steps[0] > 0
+
+    ckpt = workdir / "checkpoints" / "kept" / "last.ckpt"
+    images = tmp_path / "incoming"
+    images.mkdir()
+    shutil.copy(next((shapes_root / "val" / "circle").glob("*.jpg")), images / "a.jpg")
+    for command in ("validate", "predict"):
+        extra = [f"--data.predict_dir={images}"] if command == "predict" else []
+        assert run_cli(command, f"--ckpt_path={ckpt}", "--data.num_workers=0", *extra) == 0
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})  # TensorBoard's reader of a run
+    events.Reload()
+    points = events.Scalars("val/acc")
+    assert [p.step for p in points] == list(steps)
+    assert [p.value for p in points] == pytest.approx(values)
+    after = read_run(folder)
+    assert after.counts_step == fitted.counts_step == steps[-1]
+    assert np.array_equal(after.scalars["val/acc"][0], steps)
+    result = report("kept", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    page = (folder / "report.html").read_text()
+    assert f"<td>val/acc</td><td>{values[-1]:.6g}</td><td>{steps[-1]}</td>" in page
+    # the evaluation's own numbers are a run of their own beside the fit's
+    validated = EventAccumulator(str(folder / "validate"))
+    validated.Reload()
+    assert [p.value for p in validated.Scalars("val/acc")] == pytest.approx([values[-1]], abs=1e-6)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import project
 from project import runs
@@ -62,11 +63,13 @@ def test_a_run_in_use_is_refused_by_name_and_freed_when_its_process_dies(
 def test_resuming_a_run_in_use_is_refused(workdir: Path, shapes_root: Path, holder, capsys) -> None:
     last = workdir / "checkpoints" / "r" / "last.ckpt"
     last.parent.mkdir(parents=True)
-    last.write_bytes(b"a checkpoint")
+    # resuming reads the run's settings from it first
+    torch.save({"pytorch-lightning_version": "2.6.0", "state_dict": {}, "hyper_parameters": {}}, last)
+    before = last.read_bytes()
     other = holder("r")
     assert run_cli("fit", *fast_args(shapes_root, "--name=r", "--ckpt_path=last")) == 2
     assert f"Run 'r' is being written by process {other.pid}" in capsys.readouterr().err
-    assert last.read_bytes() == b"a checkpoint"  # untouched
+    assert last.read_bytes() == before  # untouched
 
 
 def test_two_new_runs_in_the_same_second_get_different_names(workdir: Path, holder, monkeypatch) -> None:
@@ -164,3 +167,14 @@ def test_a_refused_existing_name_leaves_nothing_behind(workdir: Path, shapes_roo
         "logs/logged",
         "logs/logged/events.out",
     ]
+
+
+@pytest.mark.parametrize("name", ["--name=never", None])
+def test_a_fit_refused_at_start_leaves_no_run_behind(workdir: Path, tmp_path: Path, capsys, name) -> None:
+    """Before: `logs/<name>/.lock` in an otherwise empty folder, which `report` then listed as a run."""
+    flags = [f"--data.root={tmp_path / 'missing'}", *([name] if name else [])]
+    assert run_cli("fit", *flags) == 2
+    assert "error: Data folder" in capsys.readouterr().err
+    assert list((workdir / "logs").iterdir()) == []
+    assert not (workdir / "checkpoints").exists() or list((workdir / "checkpoints").iterdir()) == []
+    assert runs.fit_run_name("never", None) == "never"  # the name is free for the corrected command

@@ -57,9 +57,12 @@ def test_the_page_shows_the_answer_and_class_names_as_text(tmp_path: Path) -> No
             assert "script-src 'sha256-" in response.headers["content-security-policy"]
             # waits by locator: the page's CSP refuses the eval behind wait_for_function
             sync_api.expect(page.locator("#version")).to_have_text("model run-a · 4 classes")
+            # no image yet: before, the CSS's display:block overrode `hidden`, a broken "the image sent"
+            sync_api.expect(page.locator("#preview")).to_be_hidden()
 
             page.set_input_files("#file", str(tmp_path / "red.png"))
             sync_api.expect(page.locator("#status")).to_have_text("red.png")
+            sync_api.expect(page.locator("#preview")).to_be_visible()
             names = page.locator("#classes td.name").all_text_contents()
             shown = page.locator("#classes td.prob").all_text_contents()
             answer = expected["red"]

@@ -28,9 +28,19 @@ COMMANDS = {
 }
 
 
+# the LightningCLI subcommands (project.cli.ProjectCLI.subcommands()), named without importing torch
+TRAINING = ("fit", "validate", "test", "predict", "export", "memory", "lr_find", "batch_size_find")
+
+
 @exits_on_user_error
 def main() -> None:
     command = sys.argv[1] if len(sys.argv) > 1 else None
+    if command is None:  # LightningCLI's own usage would list its subcommands only
+        raise UserError(
+            f"No command given; the commands are {', '.join((*TRAINING, *COMMANDS))}.",
+            "run `python -m project COMMAND` (a bare `python -m project fit` trains the default model), "
+            "or `python -m project COMMAND --help` for its options.",
+        )
     try:
         run = import_module(COMMANDS.get(command, f"{__package__}.cli")).main
     except ModuleNotFoundError as e:

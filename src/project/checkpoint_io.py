@@ -213,7 +213,7 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> dict:
             "use a checkpoint written by this project (or torch.save of a state dict) from a source "
             "you trust.",
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
+    except (RuntimeError, EOFError, OSError, ValueError, IndexError) as e:  # IndexError: a few bytes of text
         raise UserError(
             f"Cannot read checkpoint '{path}': {str(e).splitlines()[0] if str(e) else type(e).__name__}.",
             "the file is truncated or not a torch checkpoint; pass another one (a run keeps its "

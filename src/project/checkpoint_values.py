@@ -40,12 +40,12 @@ _MAX_DEPTH = 2
 
 
 def checkpoint_layer(ckpt_path: str | Path, subcommand: str) -> dict[str, Any]:
-    """The model (and, except for `fit`, data) settings a checkpoint was trained with, as a config.
+    """The model and data settings a checkpoint was trained with, as a config.
 
-    `fit --ckpt_path` resumes: the model must be the one saved, with its optimizer and schedule; the
-    data is whatever the command line says. validate, test, predict and export evaluate the run: they
-    also take its data settings (root, split, image size, crop), so that a bare
-    `validate --ckpt_path X` reproduces the run's own validation.
+    `fit --ckpt_path` resumes: the model must be the one saved, with its optimizer and schedule, and
+    it goes on with the run's own data. validate, test, predict and export evaluate the run: its data
+    settings (root, split, image size, crop) make a bare `validate --ckpt_path X` reproduce the run's
+    own validation. Flags on the command line override both.
     """
     checkpoint = load_checkpoint_file(ckpt_path)
     check_lightning_keys(ckpt_path, checkpoint)
@@ -53,17 +53,16 @@ def checkpoint_layer(ckpt_path: str | Path, subcommand: str) -> dict[str, Any]:
     if not isinstance(hparams, dict):
         raise _refused(ckpt_path, "hyper_parameters", hparams, "a mapping of option names to values")
     layer: dict[str, Any] = {"model": model_values(ckpt_path, hparams, resume=subcommand == "fit")}
-    if subcommand != "fit":
-        data = checkpoint.get("datamodule_hyper_parameters") or {}
-        if not isinstance(data, dict):
-            raise _refused(ckpt_path, "datamodule_hyper_parameters", data, "a mapping")
-        from project.data.datamodule import DEFAULT_INTERPOLATION
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    if not isinstance(data, dict):
+        raise _refused(ckpt_path, "datamodule_hyper_parameters", data, "a mapping")
+    from project.data.datamodule import DEFAULT_INTERPOLATION
 
-        layer["data"] = data_values(ckpt_path, data)
-        # a checkpoint from before --data.interpolation was trained with the one filter there was
-        layer["data"].setdefault("interpolation", DEFAULT_INTERPOLATION)
-        if "image_size" in layer["model"]:  # linked to the model, stored there only
-            layer["data"]["image_size"] = layer["model"]["image_size"]
+    layer["data"] = data_values(ckpt_path, data)
+    # a checkpoint from before --data.interpolation was trained with the one filter there was
+    layer["data"].setdefault("interpolation", DEFAULT_INTERPOLATION)
+    if "image_size" in layer["model"]:  # linked to the model, stored there only
+        layer["data"]["image_size"] = layer["model"]["image_size"]
     return layer
 
 

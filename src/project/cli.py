@@ -42,7 +42,16 @@ from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError, exits_on_user_error, usage_error
 from project.model import ImageClassifier
 from project.quiet import CompactModelSummary, quiet_lightning
-from project.runs import CHECKPOINTS, LOGS, debug_run_name, eval_run_name, fit_run_name, newest_run
+from project.runs import (
+    CHECKPOINTS,
+    LOGS,
+    check_run_name,
+    debug_run_name,
+    eval_run_name,
+    fit_run_name,
+    newest_run,
+    release_runs,
+)
 from project.trainer import Trainer
 
 # Subcommands that evaluate a trained model: its classes, image size and data settings come from
@@ -162,9 +171,14 @@ class ProjectCLI(LightningCLI):
         self.config = parse_or_refuse(parser, with_default_config(plain), refusing)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        name = self.config[subcommand].get("name") if subcommand else None
         if subcommand != "fit" and ckpt_path == "last":
-            ckpt_path = str(last_checkpoint(self.config[subcommand].get("name")))
-        layers = [json.dumps(checkpoint_layer(ckpt_path, subcommand))] if is_file(ckpt_path) else []
+            ckpt_path = str(last_checkpoint(name))
+        # `fit --ckpt_path last` keeps `last` (the run it resumes is claimed by name) but reads that file
+        read = resumed_checkpoint(name) if subcommand == "fit" and ckpt_path == "last" else ckpt_path
+        layer = checkpoint_layer(read, subcommand) if is_file(read) else None
+        self.checkpoint_classes = layer["model"].get("class_names") if layer else None
+        layers = [json.dumps(layer)] if layer else []
         if layers or plain != args:
             self.config = parse_or_refuse(parser, with_default_config(args, *layers), refusing)
         if ckpt_path:
@@ -175,6 +189,26 @@ class ProjectCLI(LightningCLI):
         super().instantiate_classes()
         if self.subcommand in FINDERS:
             self.trainer.command_args = self.command_args
+        if self.subcommand == "fit":
+            self._check_resumed_classes()
+
+    def _check_resumed_classes(self) -> None:
+        """A resumed fit's data has the checkpoint's classes: the head is sized and ordered by them.
+
+        (validate, test and predict check this in the data module; fit links the model's classes to the
+        data's, so a mismatch would surface as PyTorch's size mismatch loading the weights, or not at all.)
+        """
+        data_classes = list(self.datamodule.class_names)  # linked to the model's: every data module has them
+        if self.checkpoint_classes is None or list(self.checkpoint_classes) == data_classes:
+            return
+        config = self.config[self.subcommand]
+        where = config.data.get("root") or "the embedded shapes data set"
+        raise UserError(
+            f"Checkpoint '{config.ckpt_path}' was trained on classes {list(self.checkpoint_classes)}, "
+            f"but the data to resume on ('{where}') has {data_classes}.",
+            "resume on the run's own data (leave out --data.root: resuming takes it from the checkpoint), "
+            "or start a new run on this data without --ckpt_path.",
+        )
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -248,7 +282,10 @@ class ProjectCLI(LightningCLI):
         logger = config.trainer.logger
         if hasattr(logger, "init_args") and "name" in logger.init_args:
             logger.init_args.name = config.name
-            logger.init_args.version = ""
+            # validate/test/predict log to logs/<name>/<subcommand>/, a TensorBoard run of its own: in the
+            # fit's folder their step-0 points would end the fit's series there (TensorBoard drops the
+            # later points of a tag whose steps go back) and `report` would draw them as the fit's
+            logger.init_args.version = "" if self.subcommand == "fit" else self.subcommand
 
 
 def console_callbacks(subcommand: str, config: Any) -> list[Callback]:
@@ -260,6 +297,18 @@ def console_callbacks(subcommand: str, config: Any) -> list[Callback]:
     if subcommand == "fit" and config.trainer.enable_progress_bar is not False and not sys.stdout.isatty():
         callbacks.append(EpochLines())
     return callbacks
+
+
+def resumed_checkpoint(name: str | None) -> str | None:
+    """The file `fit --ckpt_path last` resumes from, or None when there is none (fit then says so)."""
+    check_run_name(name)
+    if name is None:
+        try:
+            name = newest_run()
+        except UserError:
+            return None
+    found = sorted((CHECKPOINTS / name).glob("last*.ckpt"))
+    return str(found[0]) if found else None
 
 
 def is_file(path: str | None) -> bool:
@@ -368,4 +417,7 @@ def packaged_config(path: str) -> str:
 @exits_on_user_error
 def main(args: list[str] | None = None) -> None:
     """Entry point of the LightningCLI subcommands (fit, validate, export, lr_find, ...)."""
-    ProjectCLI(args=args)
+    try:
+        ProjectCLI(args=args)
+    finally:
+        release_runs()  # finished, stopped or refused: the run's lock (and an empty run folder) goes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -21,6 +22,7 @@ CHECKPOINTS = Path("checkpoints")
 RUN_NAME_ENV = "PROJECT_RUN_NAME"
 LOCK = ".lock"  # logs/<name>/.lock, held (a POSIX record lock) by the one process that writes the run
 _held: dict[Path, int] = {}  # lock file (absolute) -> its open descriptor, kept while the run is ours
+_folders: dict[Path, tuple[Path, Path]] = {}  # lock file -> the run's logs and checkpoints folders (absolute)
 
 
 def check_run_name(name: str | None) -> None:
@@ -140,30 +142,61 @@ def lock_run(name: str) -> None:
 
 
 def unlock_run(name: str) -> None:
+    _folders.pop(_lock_path(name).absolute(), None)
     fd = _held.pop(_lock_path(name).absolute(), None)
     if fd is not None:
         os.close(fd)  # closing the file releases the lock
+
+
+def release_runs() -> None:
+    """Give back every run this process holds, as its command ends: the lock file goes, and so does a run
+    folder left empty (a fit refused or failed before writing anything), so such a run leaves no trace."""
+    for path in list(_held):
+        fd = _held.pop(path)
+        # removed while still locked: a process that opened the file before sees it gone (_try_lock)
+        path.unlink(missing_ok=True)
+        os.close(fd)
+        for folder in _folders.pop(path, ()):
+            with contextlib.suppress(OSError):  # not there, or not empty: the run's files stay
+                folder.rmdir()
 
 
 def _try_lock(name: str) -> bool:
     path = _lock_path(name)
     if path.absolute() in _held or fcntl is None:
         return True
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EAGAIN, errno.EACCES):  # another process holds it
-            return False
-        raise
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the empty folder went with a run given back in between (release_runs)
+            continue
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES):  # another process holds it
+                return False
+            raise
+        if _same_file(fd, path):
+            break
+        os.close(fd)  # its holder removed it as it ended (release_runs): lock the file now at that path
     os.ftruncate(fd, 0)
     os.pwrite(
         fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode(), 0
     )
     _held[path.absolute()] = fd
+    _folders[path.absolute()] = ((LOGS / name).absolute(), (CHECKPOINTS / name).absolute())
     return True
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (found.st_dev, found.st_ino)
 
 
 def _lock_path(name: str) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def __init__(
         self,
-        output: str = "predictions.csv",
+        output: str | None = None,
         top_k: int = 5,
         sidecar: str | None = "auto",
         unknown_accept: float | None = None,
@@ -50,7 +51,8 @@ class PredictionWriter(BasePredictionWriter):
     ) -> None:
         """
         Args:
-            output: CSV file to write (replaced atomically when prediction finishes).
+            output: CSV file to write (replaced atomically when prediction finishes); null: a new
+                `predictions-<time>.csv` in the run's `logs/<run>/predict/`, beside its other outputs.
             top_k: How many of the most likely classes to list per image.
             sidecar: The export sidecar (.json) whose temperature and unknown threshold apply;
                 `auto`: the newest export of --ckpt_path in its folder; null: plain softmax.
@@ -59,7 +61,8 @@ class PredictionWriter(BasePredictionWriter):
             explain_dir: Write a Grad-CAM overlay per image here (`<file>.cam.png`); null: none.
         """
         super().__init__(write_interval="batch")
-        self.output = Path(output)
+        self.output = Path(output) if output is not None else None
+        self._target = self.output  # where this predict writes (on_predict_start)
         self.top_k = top_k
         self.sidecar = sidecar
         self.unknown_accept = unknown_accept
@@ -74,9 +77,19 @@ class PredictionWriter(BasePredictionWriter):
 
     @override
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # on every rank: log_dir is a collective call under DDP
+        self._target = self.output or new_csv(Path(trainer.log_dir or "."))
         self._positions, self._probabilities, self._classes, self._known = [], [], [], []
         self._scores = []
         self.calibration = Calibration()
+        tta = getattr(pl_module, "tta", "none")
+        if tta != "none" and trainer.is_global_zero:
+            print(
+                f"Predicting with test-time augmentation (--model.tta={tta}, the run's setting unless "
+                "given): each image's answer is the mean of its views' logits, which the exports that "
+                "`infer` and `serve` run do not compute, so their answers can differ. --model.tta=none "
+                "predicts as they do."
+            )
         if not is_multilabel(pl_module):
             found = self._export_sidecar(trainer)
             if found is not None:
@@ -171,10 +184,10 @@ class PredictionWriter(BasePredictionWriter):
             scores[order].tolist(),
             strict=True,
         )
-        self.output.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_files(self.output) as [partial], prediction_csv.open_csv(partial) as f:
+        self._target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_files(self._target) as [partial], prediction_csv.open_csv(partial) as f:
             self._write(csv.writer(f), trainer, pl_module, rows)
-        print(f"Wrote {len(order)} rows (one per image) to {printable(str(self.output))}")
+        print(f"Wrote {len(order)} rows (one per image) to {printable(str(self._target))}")
 
     def _write(self, writer: Any, trainer: L.Trainer, pl_module: L.LightningModule, rows: Any) -> None:
         dataset = trainer.predict_dataloaders.dataset
@@ -300,3 +313,12 @@ def _gather(trainer: L.Trainer, pl_module: L.LightningModule, local: torch.Tenso
 
 def _relative(path: Path, root: Path) -> str:
     return os.fsdecode(path.relative_to(root)) if root is not None else os.fsdecode(path)
+
+
+def new_csv(folder: Path) -> Path:
+    """`folder/predictions-<time>.csv`, never an earlier predict's file (a counter within one second)."""
+    stem = time.strftime("predictions-%Y%m%d-%H%M%S")
+    path, n = folder / f"{stem}.csv", 1
+    while path.exists():
+        path, n = folder / f"{stem}-{n}.csv", n + 1
+    return path

@@ -8,7 +8,8 @@ from collections import deque
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.trainer.states import RunningStage
 from typing_extensions import override
 
 
@@ -36,6 +37,11 @@ class Throughput(Callback):
         self._validation_s = 0.0  # the last validation's duration, for the time left
 
     @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # a fit resumed mid-epoch gets no on_train_epoch_start for that epoch: its time counts from here
+        self._epoch_start = time.perf_counter()
+
+    @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = time.perf_counter()
         self._ends.clear()  # the first batch of an epoch waits for the loader workers: not counted
@@ -61,16 +67,19 @@ class Throughput(Callback):
             )
 
     def _time_left(self, trainer: L.Trainer, batch_s: float) -> float | None:
-        """Seconds left in the fit: the batches left at the current pace, plus a validation per epoch left."""
+        """Seconds left in the fit: the batches left at the current pace, plus a validation per epoch left;
+        at most the time budget left (--trainer.max_time), which stops the fit first."""
+        budget = _budget_left(trainer)
         total = trainer.estimated_stepping_batches * trainer.accumulate_grad_batches
         per_epoch = trainer.num_training_batches
         if not (math.isfinite(total) and math.isfinite(per_epoch)):
-            return None
+            return budget
         batches_left = max(0, total - trainer.global_step * trainer.accumulate_grad_batches)
         # +1: after an epoch's last batch, that epoch's validation is still to come
         every = trainer.check_val_every_n_epoch or 1
         validations_left = math.ceil((batches_left + 1) / max(1, per_epoch) / every)
-        return batches_left * batch_s + validations_left * self._validation_s
+        pace = batches_left * batch_s + validations_left * self._validation_s
+        return pace if budget is None else min(pace, budget)
 
     @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -85,3 +94,10 @@ class Throughput(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.enabled:
             pl_module.log("time/epoch_s", time.perf_counter() - self._epoch_start, on_epoch=True)
+
+
+def _budget_left(trainer: L.Trainer) -> float | None:
+    """Seconds left of --trainer.max_time (Lightning's Timer callback), or None without a budget."""
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    left = timer.time_remaining(RunningStage.TRAINING) if timer is not None else None
+    return None if left is None else max(0.0, left)

@@ -149,7 +149,9 @@ def _load(path: Path, dataset: ImageDataset | FileDataset) -> torch.Tensor | Non
         if dataset.skip_log is not None:
             dataset.skip_log.add(path, e.reason)
         warnings.warn(
-            f"Skipped a bad image ({dataset.skipped} in this worker so far): {printable(str(e))}",
+            # the file and the reason, not str(e): its fix is to set the skip_bad_images this run has
+            f"Skipped a bad image ({dataset.skipped} in this worker so far): "
+            + printable(f"'{path}': {e.reason}."),
             stacklevel=2,
         )
         return None

@@ -34,16 +34,15 @@ class SkipLog:
             os.close(fd)
 
     def merge(self) -> tuple[Path, int]:
-        """Fold every part file into the report; returns the report's path and how many files it lists."""
+        """Fold every part file into the report; returns the report's path and how many files the parts
+        name (those skipped since the last merge, not an earlier command's)."""
         report = self.folder / REPORT
         parts = sorted(self.folder.glob(".skipped-*.part"))
-        lines = set(report.read_bytes().splitlines()) if report.is_file() else set()
         if not parts:
-            return report, len(lines)
-        for part in parts:
-            lines.update(part.read_bytes().splitlines())
-        lines.discard(b"")
-        atomic_write(report, b"".join(line + b"\n" for line in sorted(lines)))
+            return report, 0
+        new = {line for part in parts for line in part.read_bytes().splitlines() if line}
+        lines = set(report.read_bytes().splitlines()) if report.is_file() else set()
+        atomic_write(report, b"".join(line + b"\n" for line in sorted(lines | new)))
         for part in parts:
             part.unlink(missing_ok=True)
-        return report, len(lines)
+        return report, len(new)

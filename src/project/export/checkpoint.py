@@ -76,6 +76,11 @@ class Checkpoint:
         return self.model.image_size or 224
 
     @property
+    def tta(self) -> str:
+        """The test-time augmentation its run validated with, and so scored its checkpoints with."""
+        return str(self.contents.get("hyper_parameters", {}).get("tta", "none"))
+
+    @property
     def crop_ratio(self) -> float:
         return self.contents.get("datamodule_hyper_parameters", {}).get("crop_ratio", 0.875)
 
@@ -126,15 +131,16 @@ def export_checkpoint(
         if target.require is not None:
             target.require()  # before any work: a missing package is one message
     checkpoint = read(ckpt_path)
-    final = final_paths(checkpoint, output_dir, targets)
     deployable = Deployable(checkpoint.model).eval()
+    metrics = export_metrics(checkpoint, deployable, datamodule)
+    final = final_paths(checkpoint, output_dir, targets, metrics)
     source = Source(deployable, export_program(deployable, checkpoint.size), checkpoint.size, settings.opset)
     batches = verification_batches(checkpoint.size, checkpoint.crop_ratio, images, checkpoint.interpolation)
     # renamed into place together once verified, in this order: the sidecar appears last
     with atomic_files(*final.values()) as partials:
         partial = dict(zip(final, partials, strict=True))
         exporters, verification = write_verified(source, partial, batches, targets)
-        metadata = describe(checkpoint, settings.opset, verification) | exporters
+        metadata = describe(checkpoint, settings.opset, verification) | exporters | {"metrics": metrics}
         metadata["versions"] |= {t.name: t.version() for t in targets if t.version is not None}
         metadata |= calibration(checkpoint, deployable, datamodule, settings)
         metadata["files"] = {target.name: final[target.main].name for target in targets}
@@ -159,12 +165,49 @@ def read(ckpt_path: str | Path) -> Checkpoint:
     return Checkpoint(path, contents, load_for_export(contents))
 
 
+def export_metrics(checkpoint: Checkpoint, model: nn.Module, datamodule: object) -> dict:
+    """The sidecar's `metrics`, its first key the figure the file name states: the checkpoint's score.
+
+    A run with test-time augmentation scored its checkpoints with it, which exports leave out: then the
+    first key is the export's own validation accuracy (left out without validation images), and the
+    checkpoint's score follows as `<metric>_with_tta_<tta>`.
+    """
+    monitor, score = checkpoint.monitored()
+    steps = {"epoch": checkpoint.contents.get("epoch"), "global_step": checkpoint.contents.get("global_step")}
+    tta = checkpoint.tta
+    if tta == "none":
+        return {monitor: score, **steps}
+    own = export_accuracy(checkpoint, model, datamodule)
+    return {**own, f"{monitor}_with_tta_{tta}": score, **steps}
+
+
+def export_accuracy(checkpoint: Checkpoint, model: nn.Module, datamodule: object) -> dict:
+    """{"val/acc": top-1 accuracy of `model` on the validation images, "val/acc_images": how many}, or {}."""
+    from project.export.fit_calibration import collect_logits, validation_loader
+
+    if checkpoint.model.multilabel:
+        return {}
+    try:
+        loader = validation_loader(
+            datamodule, checkpoint.size, checkpoint.crop_ratio, interpolation=checkpoint.interpolation
+        )
+    except ValueError:  # no validation images here: the export states no accuracy rather than another's
+        return {}
+    logits, labels = collect_logits(model, loader)
+    if len(labels) == 0:
+        return {}
+    return {"val/acc": float((logits.argmax(1) == labels).double().mean()), "val/acc_images": len(labels)}
+
+
 def final_paths(
-    checkpoint: Checkpoint, output_dir: str | Path | None, targets: list[Target]
+    checkpoint: Checkpoint, output_dir: str | Path | None, targets: list[Target], metrics: dict
 ) -> dict[str, Path]:
     """Where the targets' files and the sidecar (`json`, last) go, by suffix:
-    `<run>-<metric>=<score>-<time>.<suffix>`."""
-    monitor, score = checkpoint.monitored()
+    `<run>-<metric>=<score>-<time>.<suffix>`, the first of `metrics` (export_metrics) when it is the
+    export's own."""
+    monitor, score = next(iter(metrics.items()))
+    if "_with_tta_" in monitor:
+        score = None  # the checkpoint's score with TTA, which the export does not have: no figure in the name
     stamp = time.strftime("%Y%m%d-%H%M%S")
     metric = f"-{monitor.replace('/', '_')}={score:.4f}" if score is not None else ""
     out = Path(output_dir) if output_dir is not None else checkpoint.path.parent
@@ -233,7 +276,6 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
 
     model, size, crop_ratio = checkpoint.model, checkpoint.size, checkpoint.crop_ratio
     hp = checkpoint.contents["hyper_parameters"]
-    monitor, score = checkpoint.monitored()
     multilabel = model.multilabel
     return {
         "version": version_for(checkpoint.interpolation),
@@ -258,11 +300,6 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
             "normalization": {"mean": list(hp["mean"]), "std": list(hp["std"]), "baked_in": True},
         },
         "source_checkpoint": {"path": str(checkpoint.path), "sha256": _sha256(checkpoint.path)},
-        "metrics": {
-            monitor: score,
-            "epoch": checkpoint.contents.get("epoch"),
-            "global_step": checkpoint.contents.get("global_step"),
-        },
         "backbone": hp["backbone"],
         # what the backbone's pretrained weights expect (timm: its pretrained config), for reference
         "pretrained_config": dict(model.pretrained_config),

@@ -102,6 +102,7 @@ h1 { font-size: 1.3rem; margin-bottom: 0.2rem; }
         margin: 1rem 0; }
 #drop.over { border-color: #2a6fdb; background: #eef4ff; }
 #preview { width: 8rem; display: block; margin: 0.5rem auto; image-rendering: pixelated; }
+#preview[hidden] { display: none; }
 .verdict { font-size: 1.1rem; margin: 1rem 0 0.5rem; }
 .verdict.unknown .answer { color: #b3261e; }
 .reason { color: #444; font-size: 0.95rem; }
