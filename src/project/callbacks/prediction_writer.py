@@ -187,7 +187,14 @@ class PredictionWriter(BasePredictionWriter):
         self._target.parent.mkdir(parents=True, exist_ok=True)
         with atomic_files(self._target) as [partial], prediction_csv.open_csv(partial) as f:
             self._write(csv.writer(f), trainer, pl_module, rows)
-        print(f"Wrote {len(order)} rows (one per image) to {printable(str(self._target))}")
+        # said at teardown: here the progress bar is still on the screen, and the line landed inside it
+        self._wrote = f"Wrote {len(order)} rows (one per image) to {printable(str(self._target))}"
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if getattr(self, "_wrote", None):
+            print(self._wrote)
+            self._wrote = None
 
     def _write(self, writer: Any, trainer: L.Trainer, pl_module: L.LightningModule, rows: Any) -> None:
         dataset = trainer.predict_dataloaders.dataset
