@@ -120,11 +120,7 @@ def test_every_command_has_a_mistake_here(outcomes: dict) -> None:
 def test_a_mistake_is_one_error_line_with_its_fix_and_status_2(
     outcomes: dict[str, dict], command: str
 ) -> None:
-    outcome = outcomes[command]
-    errors = [line for line in outcome["output"].splitlines() if line.startswith("error:")]
-    assert outcome["status"] == 2, outcome["output"]
-    assert len(errors) == 1 and " Fix: " in errors[0], outcome["output"]
-    assert "Traceback" not in outcome["output"]
+    assert_one_error_line(outcomes[command])
 
 
 @pytest.mark.parametrize("command", COMMAND_LINES)
@@ -132,10 +128,16 @@ def test_a_refused_command_line_is_one_error_line_with_its_fix_not_the_usage(
     command_line_outcomes: dict[str, dict], command: str
 ) -> None:
     outcome = command_line_outcomes[command]
+    assert_one_error_line(outcome)
+    assert "usage:" not in outcome["output"]
+
+
+def assert_one_error_line(outcome: dict) -> None:
+    """Exit status 2 and one `error: ... Fix: ...` line, no traceback."""
     errors = [line for line in outcome["output"].splitlines() if line.startswith("error:")]
     assert outcome["status"] == 2, outcome["output"]
     assert len(errors) == 1 and " Fix: " in errors[0], outcome["output"]
-    assert "usage:" not in outcome["output"] and "Traceback" not in outcome["output"]
+    assert "Traceback" not in outcome["output"]
 
 
 @pytest.mark.parametrize(

@@ -32,13 +32,11 @@ import numpy as np
 from project.data.shards import (
     CHUNK_BYTES,
     ShardsRecord,
-    bucket_key,
     damaged,
     is_url,
     join,
+    object_sizes,
     read_bytes,
-    s3_client,
-    s3_problem,
 )
 from project.model import is_multilabel
 
@@ -201,14 +199,7 @@ def _check_chunk_file(path: str, chunk: Chunk) -> None:
 
 def _check_objects(url: str, chunks: tuple[Chunk, ...]) -> None:
     """Every chunk is an object of the index's size under the split's prefix."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    bucket, prefix = bucket_key(url.rstrip("/") + "/")
-    try:
-        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        sizes = {o["Key"].removeprefix(prefix): o["Size"] for page in pages for o in page.get("Contents", [])}
-    except (BotoCoreError, ClientError) as e:
-        raise s3_problem(url, e) from None
+    sizes = object_sizes(url)
     for chunk in chunks:
         if chunk.name not in sizes:
             raise damaged(join(url, chunk.name), "the chunk named in its split's index.json is missing")

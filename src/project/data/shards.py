@@ -303,19 +303,23 @@ def allow_plain_http() -> None:
         downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
 
 
-def check_uploaded(url: str) -> None:
-    """Every chunk LitData's index names is in the bucket: LitData logs a failed upload and goes on
-    (litdata/processing/data_processor.py, "Failed to upload"), so a run would otherwise end 'done'."""
+def object_sizes(url: str) -> dict[str, int]:
+    """Name -> size of every object under the prefix `url` of a bucket."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, prefix = bucket_key(url.rstrip("/") + "/")
-    client = s3_client()
     try:
-        index = json.loads(client.get_object(Bucket=bucket, Key=prefix + "index.json")["Body"].read())
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        present = {o["Key"].removeprefix(prefix) for page in pages for o in page.get("Contents", [])}
+        pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return {o["Key"].removeprefix(prefix): o["Size"] for page in pages for o in page.get("Contents", [])}
     except (BotoCoreError, ClientError) as e:
-        raise s3_problem(join(url, "index.json"), e) from None
+        raise s3_problem(url, e) from None
+
+
+def check_uploaded(url: str) -> None:
+    """Every chunk LitData's index names is in the bucket: LitData logs a failed upload and goes on
+    (litdata/processing/data_processor.py, "Failed to upload"), so a run would otherwise end 'done'."""
+    index = json.loads(read_bytes(join(url, "index.json"), "the split's LitData index (index.json)"))
+    present = object_sizes(url)
     missing = [c["filename"] for c in index["chunks"] if c["filename"] not in present]
     if missing:
         raise UserError(
