@@ -115,7 +115,10 @@ BAD_SIDECARS = {  # case -> (keys changed, what the error names)
     "temperature NaN": ({"temperature": NAN}, "'temperature' is nan; expected a finite number > 0"),
     "threshold NaN": ({"task": "multilabel", "threshold": NAN}, "'threshold' is nan; expected a probability"),
     "unknown threshold NaN": ({"unknown_threshold": NAN}, "'unknown_threshold' is nan; expected a finite"),
-    "unknown score": ({"unknown_score": "entropy"}, "'unknown_score' is 'entropy'; expected one of energy"),
+    "unknown score": (
+        {"unknown_score": "entropy"},
+        "'unknown_score' is 'entropy'; expected one of knn, energy",
+    ),
     "quantiles": ({"unknown_quantiles": [1.0, 0.0]}, "'unknown_quantiles' is [1.0, 0.0]; expected 101"),
     "class names as a string": (
         {"class_names": "red"},

@@ -971,8 +971,8 @@ def test_a_batch_that_spans_a_reload_runs_each_request_on_its_own_model(exports:
     results = run_batch(items)
     assert [size for _, size in results] == [2, 1, 2]
     expected_old = old.classifier.logits(arrays[[0, 2]])
-    np.testing.assert_allclose(results[0][0], expected_old[0], rtol=1e-6)
-    np.testing.assert_allclose(results[1][0], new.classifier.logits(arrays[[1]])[0], rtol=1e-6)
+    np.testing.assert_allclose(results[0][0].logits, expected_old[0], rtol=1e-6)
+    np.testing.assert_allclose(results[1][0].logits, new.classifier.logits(arrays[[1]])[0], rtol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -93,8 +93,8 @@ TAMPERED = {
     ),
     "a newer version": (
         {"version": VERSION + 1},
-        "Sidecar '{json}' was written by a newer version of this template (sidecar version 3; this one "
-        "reads up to version 2). Fix: upgrade the project",
+        "Sidecar '{json}' was written by a newer version of this template (sidecar version 4; this one "
+        "reads up to version 3). Fix: upgrade the project",
     ),
 }
 

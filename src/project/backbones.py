@@ -132,6 +132,30 @@ def head_of(model: nn.Module) -> nn.Module:
     return layers[-1]
 
 
+def feature_layer(model: nn.Module) -> nn.Linear | None:
+    """The classification layer when it is a Linear, whose input is then the penultimate features (what the
+    feature-space `unknown` score compares); None where it is not (squeezenet's convolution)."""
+    head = head_of(model)
+    return head if isinstance(head, nn.Linear) else None
+
+
+def logits_and_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits, penultimate features [N, D]) of `model` on the normalized batch `x`; features None where
+    `feature_layer` finds no Linear head or it does not run exactly once."""
+    layer = feature_layer(model)
+    if layer is None:
+        return model(x), None
+    captured: list[torch.Tensor] = []
+    handle = layer.register_forward_pre_hook(lambda module, inputs: captured.append(inputs[0]))
+    try:
+        logits = model(x)
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        return logits, None
+    return logits, captured[0].flatten(1)
+
+
 def load_weights(model: nn.Module, name: str, weights: str) -> None:
     """Load every weight but the class-specific head, from torchvision's registry, timm's hub or a local
     file."""

@@ -5,7 +5,10 @@ rows of every process are gathered: the CSV has each image exactly once, whateve
 
 `predict_step` returns logits; probabilities are calibrated with the temperature of the
 checkpoint's export, and class_name is `unknown` below its unknown threshold, through
-`project.deploy.calibration` exactly as `infer` and `serve` do.
+`project.deploy.calibration` exactly as `infer` and `serve` do. The unknown score is that of the
+image as the export sees it: with test-time augmentation, of its plain view (the network's first run
+on each batch, its logits and features taken by hooks), so that predict and the export give every
+image the same verdict.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
 from project.atomic import atomic_files
+from project.backbones import feature_layer
 from project.checkpoint_io import load_checkpoint_file
 from project.deploy import prediction_csv
 from project.deploy.calibration import UNKNOWN, Calibration
+from project.deploy.feature_bank import descriptors
 from project.deploy.sidecar import Sidecar, source_of
 from project.errors import UserError
 from project.model import is_multilabel, label_names
@@ -74,6 +79,7 @@ class PredictionWriter(BasePredictionWriter):
         self._classes: list[torch.Tensor] = []
         self._known: list[torch.Tensor] = []
         self._scores: list[torch.Tensor] = []  # the unknown scores, for the `reason` column
+        self._first_view: FirstView | None = None
 
     @override
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -86,15 +92,18 @@ class PredictionWriter(BasePredictionWriter):
         if tta != "none" and trainer.is_global_zero:
             print(
                 f"Predicting with test-time augmentation (--model.tta={tta}, the run's setting unless "
-                "given): each image's answer is the mean of its views' logits, which the exports that "
-                "`infer` and `serve` run do not compute, so their answers can differ. --model.tta=none "
-                "predicts as they do."
+                "given): each image's probabilities are the mean of its views' logits, which the "
+                "exports that `infer` and `serve` run do not compute, so their top classes can differ "
+                "(the `unknown` verdict is the plain image's, as theirs). --model.tta=none predicts as "
+                "they do."
             )
         if not is_multilabel(pl_module):
             found = self._export_sidecar(trainer)
             if found is not None:
                 _check_classes(found, self.sidecar, label_names(pl_module))
                 self.calibration = found.calibration(self.unknown_accept)
+        net = getattr(pl_module, "net", None)  # a classifier of this project: take its plain view's outputs
+        self._first_view = None if net is None else FirstView(net, self.calibration.needs_features)
         if self.explain_dir is not None:
             from project.explain import Explainer
 
@@ -142,6 +151,9 @@ class PredictionWriter(BasePredictionWriter):
         if prediction is None:  # every image of the batch was skipped as bad
             return
         logits = prediction.detach().float().cpu()
+        plain, features = self._first_view.take() if self._first_view else (logits.numpy(), None)
+        if features is not None:  # beside the image's own statistics, as infer and serve describe it
+            features = descriptors(features, batch[0].detach().cpu().numpy())
         if is_multilabel(pl_module):  # every label's probability, in label order
             probabilities, classes = logits.sigmoid(), torch.empty(len(logits), 0, dtype=torch.long)
             known = torch.ones(len(logits), dtype=torch.bool)
@@ -149,8 +161,9 @@ class PredictionWriter(BasePredictionWriter):
         else:
             calibrated = torch.from_numpy(self.calibration.probabilities(logits.numpy()))
             probabilities, classes = calibrated.topk(self._k(pl_module), dim=1)
-            known = torch.from_numpy(self.calibration.known(logits.numpy()))
-            scores = torch.from_numpy(self.calibration.scores(logits.numpy()))
+            scores = torch.from_numpy(self._scores_of(plain, features))
+            threshold = self.calibration.threshold
+            known = torch.ones(len(logits), dtype=torch.bool) if threshold is None else scores >= threshold
         self._positions.append(batch[1].detach().cpu())
         self._probabilities.append(probabilities.double())
         self._classes.append(classes)
@@ -192,6 +205,9 @@ class PredictionWriter(BasePredictionWriter):
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._first_view is not None:
+            self._first_view.remove()
+            self._first_view = None
         if getattr(self, "_wrote", None):
             print(self._wrote)
             self._wrote = None
@@ -213,6 +229,12 @@ class PredictionWriter(BasePredictionWriter):
                 writer.writerow(prediction_csv.row(file, top, top_p))
             else:
                 writer.writerow(prediction_csv.row(file, top, top_p, UNKNOWN, self.calibration.reason(score)))
+
+    def _scores_of(self, logits: np.ndarray, features: np.ndarray | None) -> np.ndarray:
+        """The unknown scores [N] of the plain images (zeros where no image is ever `unknown`)."""
+        if self.calibration.threshold is None:
+            return np.zeros(len(logits))
+        return self.calibration.scores(logits, features)
 
     def _k(self, pl_module: L.LightningModule) -> int:
         return min(self.top_k, len(label_names(pl_module)))
@@ -329,3 +351,39 @@ def new_csv(folder: Path) -> Path:
     while path.exists():
         path, n = folder / f"{stem}-{n}.csv", n + 1
     return path
+
+
+class FirstView:
+    """The logits and penultimate features (numpy) of the network's first run on each batch: the plain
+    image, which the export's unknown score is fitted on (test-time augmentation runs its views after).
+
+    Args:
+        net: The classifier's network.
+        features: Take the features too (for a feature-space unknown score).
+    """
+
+    def __init__(self, net: torch.nn.Module, features: bool) -> None:
+        self.logits: np.ndarray | None = None
+        self.features: np.ndarray | None = None
+        self.handles = [net.register_forward_hook(self._output)]
+        layer = feature_layer(net) if features else None
+        if layer is not None:
+            self.handles.append(layer.register_forward_pre_hook(self._input))
+
+    def _output(self, module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        if self.logits is None:
+            self.logits = output.detach().float().cpu().numpy()
+
+    def _input(self, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        if self.features is None:
+            self.features = inputs[0].detach().float().flatten(1).cpu().numpy()
+
+    def take(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """This batch's (logits, features), forgotten here so the next batch starts afresh."""
+        taken = self.logits, self.features
+        self.logits = self.features = None
+        return taken
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()

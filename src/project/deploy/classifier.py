@@ -17,7 +17,8 @@ import numpy as np
 from PIL import Image
 
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
-from project.deploy.calibration import UNKNOWN
+from project.deploy.calibration import UNKNOWN, Outputs
+from project.deploy.feature_bank import descriptors
 from project.deploy.openvino_runtime import OpenVINOSession, is_openvino
 from project.deploy.sidecar import Sidecar
 from project.errors import UserError
@@ -68,6 +69,7 @@ class Classifier:
         self.resample = RESAMPLING[self.sidecar.interpolation]
         self.calibration = self.sidecar.calibration(unknown_accept)
         self.session = open_session(model, threads)
+        self.outputs = [output.name for output in self.session.get_outputs()]
         self._check_fits(model, sidecar)
 
     def _check_fits(self, model: Path, sidecar: Path) -> None:
@@ -76,8 +78,15 @@ class Classifier:
         Also the warm-up: the first run allocates and plans, here rather than in the first request.
         """
         fix = "keep each export's .onnx and .json together as `python -m project export` wrote them."
+        if self.calibration.needs_features and "features" not in self.outputs:
+            raise UserError(
+                f"Model '{model}' has no 'features' output, but its sidecar '{sidecar}' answers `unknown` "
+                f"by the {self.calibration.score_name} score, which needs them.",
+                fix,
+            )
         try:
-            logits = self.logits(np.zeros((1, 3, self.size, self.size), dtype=np.uint8))
+            outputs = self.run(np.zeros((1, 3, self.size, self.size), dtype=np.uint8))
+            logits = outputs.logits
         except Exception as e:  # onnxruntime's own types: wrong input name, size or type
             raise UserError(
                 f"Model '{model}' does not take the input its sidecar '{sidecar}' describes "
@@ -89,6 +98,13 @@ class Classifier:
             raise UserError(
                 f"Model '{model}' gives {logits.shape[-1]} logits per image, but its sidecar '{sidecar}' "
                 f"names {len(self.class_names)} classes in 'class_names'.",
+                fix,
+            )
+        bank = self.calibration.bank
+        if bank is not None and outputs.features.shape != (1, bank.dim):
+            raise UserError(
+                f"Model '{model}' gives {outputs.features.shape[-1] - bank.dim + bank.blocks[0][1]} features "
+                f"per image, but the feature bank its sidecar '{sidecar}' names holds {bank.blocks[0][1]}.",
                 fix,
             )
 
@@ -123,6 +139,17 @@ class Classifier:
         """The model's logits [N, C] of a uint8 batch [N, 3, size, size]."""
         return self.session.run(["logits"], {"images": batch})[0]
 
+    def run(self, batch: np.ndarray, features: bool | None = None) -> Outputs:
+        """The model's logits [N, C] of a uint8 batch [N, 3, size, size], and where the unknown score needs
+        them (or `features` asks), its features beside the images' statistics (`feature_bank.descriptors`)."""
+        if features is None:
+            features = self.calibration.needs_features
+        names = ["logits", "features"] if features else ["logits"]
+        outputs = Outputs.of(names, self.session.run(names, {"images": batch}))
+        if not features:
+            return outputs
+        return Outputs(outputs.logits, descriptors(outputs.features, batch))
+
     def probabilities_of(self, logits: np.ndarray) -> np.ndarray:
         """Calibrated probabilities (multi-label: a sigmoid per label) of logits [N, C]."""
         if self.multilabel:  # independent labels: a sigmoid each
@@ -132,11 +159,12 @@ class Classifier:
     def probabilities(self, batch: np.ndarray) -> np.ndarray:
         return self.probabilities_of(self.logits(batch))
 
-    def unknown(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def unknown(self, outputs: Outputs) -> tuple[np.ndarray, np.ndarray | None]:
         """(bool [N]: answered `unknown`, the unknown scores [N] or None when there is no threshold)."""
         if self.multilabel or self.calibration.threshold is None:
-            return np.zeros(len(logits), dtype=bool), None
-        return ~self.calibration.known(logits), self.calibration.scores(logits)
+            return np.zeros(len(outputs.logits), dtype=bool), None
+        scores = self.calibration.scores(*outputs)
+        return scores < self.calibration.threshold, scores
 
     def top(self, probabilities: np.ndarray, k: int) -> tuple[list[str], list[float]]:
         """The k most probable class names of one image, most probable first, and their probabilities."""
@@ -168,9 +196,9 @@ class Classifier:
                 chunk.append(path)
             if not chunk:
                 continue
-            logits = self.logits(np.stack(arrays))
-            unknown, scores = self.unknown(logits)
-            for i, (path, p) in enumerate(zip(chunk, self.probabilities_of(logits), strict=True)):
+            outputs = self.run(np.stack(arrays))
+            unknown, scores = self.unknown(outputs)
+            for i, (path, p) in enumerate(zip(chunk, self.probabilities_of(outputs.logits), strict=True)):
                 score = None if scores is None else float(scores[i])
                 reason = "" if score is None else self.calibration.reason(score)
                 yield Answer(path, *self.top(p, top_k), bool(unknown[i]), score, reason)

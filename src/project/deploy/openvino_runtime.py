@@ -13,7 +13,7 @@ import os
 import stat
 import threading
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import numpy as np
 
@@ -99,6 +99,10 @@ class OpenVINOSession:
                 "its .xml and .bin together.",
             ) from None
         self._local = threading.local()
+
+    def get_outputs(self) -> list[SimpleNamespace]:
+        """The model's outputs, each with its `name`, as onnxruntime's `get_outputs` lists them."""
+        return [SimpleNamespace(name=output.get_any_name()) for output in self.compiled.outputs]
 
     def run(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The outputs named `output_names` for the inputs `feeds`, as numpy arrays (copies)."""

@@ -13,7 +13,8 @@ The format has a `version` (absent: 1, the sidecars written before it had one). 
 sidecar from a newer template, whose keys it may misread, with one message saying to upgrade. An
 export is written with the oldest version that reads it right (`version_for`): version 2 added
 `preprocessing.interpolation`, which a version 1 reader ignores (it resizes bilinear), so only an
-export that resizes otherwise (bicubic) is version 2.
+export that resizes otherwise (bicubic) is version 2; version 3 added the `knn` unknown score and its
+`feature_bank` (the file of training features beside the model), which an older reader cannot apply.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from project.deploy.calibration import SCORES, Calibration
+from project.deploy import feature_bank
+from project.deploy.calibration import FEATURE_SCORES, SCORES, Calibration
 from project.errors import UserError
 
-VERSION = 2  # the newest sidecar format this template writes; it reads this one and every older one
+VERSION = 3  # the newest sidecar format this template writes; it reads this one and every older one
 INTERPOLATIONS = ("bilinear", "bicubic")  # the resize filters (absent: bilinear, as version 1 resized)
 TASKS = ("multiclass", "multilabel")
 QUANTILES = 101  # calibration.quantiles: shares 0, 1, ..., 100 %
@@ -52,13 +54,16 @@ class Sidecar:
         task: `multiclass` (one softmax) or `multilabel` (a sigmoid per label).
         threshold: The probability from which a label is given (multi-label).
         temperature: Divides the logits before the softmax (1: uncalibrated).
-        unknown_score: `energy` or `max_probability`; None: no calibration.
+        unknown_score: `knn`, `energy` or `max_probability`; None: no calibration.
         unknown_threshold: Below it an image is `unknown`; None: never.
         unknown_quantiles: The validation images' scores at shares 0, 1, ..., 100 %.
         unknown_accept: The share of validation images the threshold accepts.
         files: The export's files by target (`onnx`: its file name).
         source_checkpoint: The path of the checkpoint it was exported from.
         reliability: The reliability diagram's bins before and after the temperature.
+        feature_bank: The training features' file (`file`, beside the sidecar), its `rows`, `dim` and
+            `sha256`, for the `knn` score; None: the export has none.
+        path: Where the sidecar was read from (its folder holds the feature bank).
         version: The sidecar format's version.
         document: The JSON object as written, every key (what `to_dict` returns).
     """
@@ -77,6 +82,8 @@ class Sidecar:
     files: Mapping[str, str] = field(default_factory=dict)
     source_checkpoint: str | None = None
     reliability: Mapping[str, Any] | None = None
+    feature_bank: Mapping[str, Any] | None = None
+    path: Path | None = field(default=None, compare=False, repr=False)
     version: int = VERSION
     document: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -100,6 +107,8 @@ class Sidecar:
             files=dict(meta.get("files") or {}),
             source_checkpoint=source_of(meta),
             reliability=meta.get("reliability"),
+            feature_bank=meta.get("feature_bank"),
+            path=Path(path),
             version=meta.get("version", 1),
             document=dict(meta),
         )
@@ -126,8 +135,22 @@ class Sidecar:
         return round(self.image_size / self.crop_ratio)
 
     def calibration(self, accept: float | None = None) -> Calibration:
-        """The temperature and unknown threshold to apply; `accept` (0: off) overrides the share."""
-        return Calibration.from_sidecar(self.document, accept)
+        """The temperature and unknown threshold to apply; `accept` (0: off) overrides the share.
+
+        A `knn` score reads the feature bank beside the sidecar, checked (`FeatureBank.load`)."""
+        calibration = Calibration.from_sidecar(self.document, accept)
+        if not calibration.needs_features:
+            return calibration
+        return Calibration.from_sidecar(self.document, accept, self.bank())
+
+    def bank(self) -> feature_bank.FeatureBank | None:
+        """The feature bank beside the sidecar, checked (`FeatureBank.load`); None where it names none."""
+        if self.feature_bank is None:
+            return None
+        where = self.path or Path(".")
+        return feature_bank.FeatureBank.load(
+            where.parent / self.feature_bank["file"], dict(self.feature_bank), where
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object to write: the document, unchanged (a round trip gives it back)."""
@@ -144,10 +167,13 @@ class Sidecar:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
 
-def version_for(interpolation: str) -> int:
-    """The sidecar version an export resized with `interpolation` is written with: the oldest whose
-    readers resize as it does (version 1 readers resize bilinear)."""
-    return 1 if interpolation == "bilinear" else VERSION
+def version_for(interpolation: str, unknown_score: str | None = None) -> int:
+    """The sidecar version an export resized with `interpolation` and answering `unknown` by
+    `unknown_score` is written with: the oldest whose readers do as it does (version 1 readers resize
+    bilinear, version 2 readers know no feature-space score)."""
+    if unknown_score in FEATURE_SCORES:
+        return 3
+    return 1 if interpolation == "bilinear" else 2
 
 
 def source_of(meta: Any) -> str | None:
@@ -220,6 +246,7 @@ def check(meta: Any, path: Path | str) -> None:
     accept = meta.get("unknown_accept")
     if accept is not None and not _number(accept, 0, 1):
         refuse("unknown_accept", "a share from 0 to 1 (or null)")
+    _check_feature_bank(meta, refuse)
     files = meta.get("files")
     if files is not None and not (
         isinstance(files, dict) and all(isinstance(f, str) for f in files.values())
@@ -236,6 +263,56 @@ def check(meta: Any, path: Path | str) -> None:
             "reliability",
             f"bins (1 to {MAX_BINS}) with a confidence, accuracy and count per bin, before and after",
         )
+
+
+def _check_feature_bank(meta: dict, refuse: Callable[[str, str], NoReturn]) -> None:
+    """The `feature_bank` description: a plain file name beside the sidecar, its shape within the bounds
+    of `project.deploy.feature_bank`, its sha256; required by a feature-space unknown score."""
+    bank = meta.get("feature_bank")
+    if bank is None:
+        if meta.get("unknown_score") in FEATURE_SCORES and meta.get("unknown_threshold") is not None:
+            refuse("feature_bank", f"the training features file the {meta['unknown_score']} score needs")
+        return
+    if not isinstance(bank, dict):
+        refuse("feature_bank", "an object describing the training features file (or absent)")
+    name = bank.get("file")
+    if not (
+        isinstance(name, str)
+        and name.endswith("." + feature_bank.SUFFIX)
+        and name == Path(name).name
+        and not name.startswith(".")
+    ):
+        refuse("feature_bank.file", f"a file name ending in .{feature_bank.SUFFIX}, beside the sidecar")
+    rows, dim = bank.get("rows"), bank.get("dim")
+    least = 1 + sum(width for _, width in feature_bank.IMAGE_BLOCKS)
+    if not _whole(dim, least, feature_bank.MAX_BYTES // feature_bank.DTYPE.itemsize):
+        refuse(
+            "feature_bank.dim", f"the columns per image, a whole number from {least} (features + statistics)"
+        )
+    if not _whole(rows, 1, feature_bank.rows_for(dim, feature_bank.MAX_ROWS)):
+        refuse(
+            "feature_bank.rows",
+            f"a whole number from 1 to {feature_bank.rows_for(dim, feature_bank.MAX_ROWS)} "
+            f"(at most {feature_bank.MAX_ROWS} images, {feature_bank.MAX_BYTES} bytes)",
+        )
+    blocks = feature_bank.blocks_for(dim)
+    if bank.get("blocks", [list(b) for b in blocks]) != [list(b) for b in blocks]:
+        refuse("feature_bank.blocks", f"{[list(b) for b in blocks]}, the blocks of {dim} columns")
+    if not feature_bank.valid_standardize(bank.get("standardize"), blocks):
+        refuse(
+            "feature_bank.standardize",
+            "a finite [mean, spread > 0] for each block: " + ", ".join(n for n, _ in blocks),
+        )
+    if bank.get("k", feature_bank.K) != feature_bank.K:
+        refuse("feature_bank.k", f"{feature_bank.K}, the neighbour this template's knn score reads")
+    digest = bank.get("sha256")
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+        refuse("feature_bank.sha256", "the file's sha256, 64 lowercase hex digits")
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    """Whether `value` is a JSON whole number (not a bool) within [low, high]."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _check_version(meta: dict, path: Path | str) -> None:

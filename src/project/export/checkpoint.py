@@ -21,13 +21,15 @@ from torch import nn
 
 import project
 from project.atomic import atomic_files, atomic_symlink
+from project.backbones import feature_layer
 from project.checkpoint_io import load_checkpoint_file
 from project.data.datamodule import DEFAULT_INTERPOLATION
 from project.data.transforms import MODES, Interpolation
+from project.deploy import feature_bank
 from project.deploy.sidecar import Sidecar, version_for
 from project.errors import UserError
 from project.export.deployable import Deployable, export_program, load_for_export
-from project.export.fit_calibration import calibrate_export
+from project.export.fit_calibration import Fitted, calibrate_export
 from project.export.fit_calibration import skipped as calibration_skipped
 from project.export.options import ExportOptions
 from project.export.targets import Files, Source, Target, chosen
@@ -133,17 +135,26 @@ def export_checkpoint(
     checkpoint = read(ckpt_path)
     deployable = Deployable(checkpoint.model).eval()
     metrics = export_metrics(checkpoint, deployable, datamodule)
-    final = final_paths(checkpoint, output_dir, targets, metrics)
+    fitted = calibration(checkpoint, deployable, datamodule, settings)
+    extra = (feature_bank.SUFFIX,) if fitted.bank is not None else ()
+    final = final_paths(checkpoint, output_dir, targets, metrics, extra)
     source = Source(deployable, export_program(deployable, checkpoint.size), checkpoint.size, settings.opset)
     batches = verification_batches(checkpoint.size, checkpoint.crop_ratio, images, checkpoint.interpolation)
     # renamed into place together once verified, in this order: the sidecar appears last
     with atomic_files(*final.values()) as partials:
         partial = dict(zip(final, partials, strict=True))
         exporters, verification = write_verified(source, partial, batches, targets)
-        metadata = describe(checkpoint, settings.opset, verification) | exporters | {"metrics": metrics}
+        metadata = describe(checkpoint, settings.opset, verification, deployable) | exporters
+        metadata |= {"metrics": metrics} | fitted.keys
+        metadata["version"] = version_for(checkpoint.interpolation, metadata.get("unknown_score"))
         metadata["versions"] |= {t.name: t.version() for t in targets if t.version is not None}
-        metadata |= calibration(checkpoint, deployable, datamodule, settings)
         metadata["files"] = {target.name: final[target.main].name for target in targets}
+        if fitted.bank is not None:
+            data = fitted.bank.to_bytes()
+            partial[feature_bank.SUFFIX].write_bytes(data)
+            metadata["feature_bank"] = feature_bank.describe(
+                fitted.bank, final[feature_bank.SUFFIX].name, data
+            )
         # checked as every reader checks it: a value no reader would take fails here, not there
         sidecar = Sidecar.from_dict(metadata, final["json"])
         partial["json"].write_text(sidecar.to_json())
@@ -200,11 +211,15 @@ def export_accuracy(checkpoint: Checkpoint, model: nn.Module, datamodule: object
 
 
 def final_paths(
-    checkpoint: Checkpoint, output_dir: str | Path | None, targets: list[Target], metrics: dict
+    checkpoint: Checkpoint,
+    output_dir: str | Path | None,
+    targets: list[Target],
+    metrics: dict,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Path]:
-    """Where the targets' files and the sidecar (`json`, last) go, by suffix:
-    `<run>-<metric>=<score>-<time>.<suffix>`, the first of `metrics` (export_metrics) when it is the
-    export's own."""
+    """Where the targets' files, the `extra` ones (the feature bank) and the sidecar (`json`, last) go, by
+    suffix: `<run>-<metric>=<score>-<time>.<suffix>`, the first of `metrics` (export_metrics) when it is
+    the export's own."""
     monitor, score = next(iter(metrics.items()))
     if "_with_tta_" in monitor:
         score = None  # the checkpoint's score with TTA, which the export does not have: no figure in the name
@@ -214,7 +229,7 @@ def final_paths(
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{checkpoint.run}{metric}-{stamp}"
     suffixes = [suffix for target in targets for suffix in target.files]
-    return {suffix: out / f"{stem}.{suffix}" for suffix in (*suffixes, "json")}
+    return {suffix: out / f"{stem}.{suffix}" for suffix in (*suffixes, *extra, "json")}
 
 
 def write_verified(
@@ -253,10 +268,10 @@ def _write_one(
 
 def calibration(
     checkpoint: Checkpoint, model: nn.Module, datamodule: object, settings: ExportOptions
-) -> dict:
-    """The sidecar's calibration keys: fitted on `datamodule`'s validation images, or why not."""
+) -> Fitted:
+    """The sidecar's calibration keys (and feature bank): fitted on `datamodule`'s images, or why not."""
     if not settings.calibrate:
-        return calibration_skipped("turned off (calibrate=false)")
+        return Fitted(calibration_skipped("turned off (calibrate=false)"))
     return calibrate_export(
         model,
         datamodule,
@@ -266,10 +281,11 @@ def calibration(
         settings.unknown_accept,
         settings.unknown_score,
         checkpoint.interpolation,
+        checkpoint.model.label_names,
     )
 
 
-def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
+def describe(checkpoint: Checkpoint, opset: int, verification: dict, deployable: Deployable) -> dict:
     """The sidecar's description of the export: the model's interface, preprocessing, origin and versions."""
     import onnx
     import onnxruntime
@@ -278,7 +294,6 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
     hp = checkpoint.contents["hyper_parameters"]
     multilabel = model.multilabel
     return {
-        "version": version_for(checkpoint.interpolation),
         "class_names": model.label_names,
         "image_size": size,
         "task": model.task,
@@ -291,6 +306,18 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict) -> dict:
             if multilabel
             else "logits (softmax for probabilities)",
         },
+        **(
+            {
+                "features_output": {
+                    "name": "features",
+                    "shape": ["N", feature_layer(model.net).in_features],
+                    "meaning": "penultimate features (the classification layer's input), for the knn "
+                    "unknown score",
+                }
+            }
+            if deployable.features
+            else {}
+        ),
         "preprocessing": {
             "resize": f"short side to round(image_size / crop_ratio) = {round(size / crop_ratio)}, "
             f"{checkpoint.interpolation}, antialiased",

@@ -1,28 +1,51 @@
-"""The module an export holds: uint8 images -> logits, the model's own normalization baked in."""
+"""The module an export holds: uint8 images -> logits and features, the model's own normalization baked in."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from project.backbones import preprocessing
+from project.backbones import feature_layer, logits_and_features, preprocessing
 from project.model import ImageClassifier
 
 
 class Deployable(nn.Module):
-    """uint8 images -> logits: the model's own normalization followed by the network, nothing else.
+    """uint8 images -> (logits, features): the model's own normalization followed by the network.
+
+    The features are the network's penultimate ones (the input of its classification layer), which the
+    feature-space `unknown` score compares with the training images' (`project.deploy.feature_bank`).
+    A network whose classification layer is not a Linear has none: then, and with `features=False`,
+    the output is the logits alone.
 
     Args:
         model: The trained classifier (its `normalize` and `net` are shared, not copied).
+        features: Output the features too, where the network has them.
     """
 
-    def __init__(self, model: ImageClassifier) -> None:
+    def __init__(self, model: ImageClassifier, features: bool = True) -> None:
         super().__init__()
         self.normalize = model.normalize
         self.net = model.net
+        self.features = features and feature_layer(model.net) is not None
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.net(self.normalize(images))
+    @property
+    def outputs(self) -> list[str]:
+        """The names of the outputs, in order: what the exported graphs call them."""
+        return ["logits", "features"] if self.features else ["logits"]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        x = self.normalize(images)
+        if not self.features:
+            return self.net(x)
+        logits, features = logits_and_features(self.net, x)
+        if features is None:  # its classification layer ran more than once: no one set of features
+            raise RuntimeError("the network's classification layer did not run exactly once")
+        return logits, features
+
+    def run(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits, features or None) of uint8 `images`, whatever the outputs."""
+        out = self(images)
+        return out if isinstance(out, tuple) else (out, None)
 
 
 def load_for_export(checkpoint: dict) -> ImageClassifier:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from project.deploy.calibration import Outputs
 from project.export.deployable import dynamic_batch, example_batch
 
 if TYPE_CHECKING:
@@ -30,12 +31,13 @@ def torchscript(source: Source, files: Files) -> bool:
 
 def torch_export(source: Source, files: Files) -> bool:
     """The torch.export-based exporter, starting from the program the .pt2 holds."""
-    write_torch_export(source.program, source.size, files["onnx"], source.opset)
+    write_torch_export(source.program, source.size, files["onnx"], source.opset, output_names(source.model))
     return True
 
 
 def write_torchscript(model: nn.Module, size: int, path: Path, opset: int) -> bool:
     """The TorchScript exporter's file at `path`, dynamic batch; False where it cannot export `model`."""
+    outputs = output_names(model)
     try:
         with warnings.catch_warnings():
             # its deprecation notice and tracer warnings: the file is verified instead
@@ -45,8 +47,8 @@ def write_torchscript(model: nn.Module, size: int, path: Path, opset: int) -> bo
                 (example_batch(size),),
                 str(path),
                 input_names=["images"],
-                output_names=["logits"],
-                dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
+                output_names=outputs,
+                dynamic_axes={name: {0: "batch"} for name in ["images", *outputs]},
                 opset_version=opset,
                 dynamo=False,
             )
@@ -55,14 +57,16 @@ def write_torchscript(model: nn.Module, size: int, path: Path, opset: int) -> bo
     return True
 
 
-def write_torch_export(program: torch.export.ExportedProgram, size: int, path: Path, opset: int) -> None:
+def write_torch_export(
+    program: torch.export.ExportedProgram, size: int, path: Path, opset: int, outputs: list[str]
+) -> None:
     """The torch.export-based exporter's file at `path` (dynamic batch, no external data)."""
     torch.onnx.export(
         program,
         (example_batch(size),),
         str(path),
         input_names=["images"],
-        output_names=["logits"],
+        output_names=outputs,
         dynamic_shapes=dynamic_batch(),
         opset_version=opset,
         external_data=False,
@@ -71,13 +75,19 @@ def write_torch_export(program: torch.export.ExportedProgram, size: int, path: P
     )
 
 
+def output_names(model: nn.Module) -> list[str]:
+    """The graph's outputs: `Deployable.outputs` (logits, and the features where the network has them)."""
+    return list(getattr(model, "outputs", ["logits"]))
+
+
 def load(files: Files) -> Runner:
     """An onnxruntime session (CPU) on the file, as infer and serve run it."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(files["onnx"]), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
 
-    def run(images: np.ndarray) -> np.ndarray:
-        return session.run(["logits"], {"images": images})[0]
+    def run(images: np.ndarray) -> Outputs:
+        return Outputs.of(names, session.run(names, {"images": images}))
 
     return run

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from project.deploy.calibration import Outputs
 from project.deploy.openvino_runtime import OpenVINOSession, import_openvino
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ def load(files: Files) -> Runner:
     """The IR compiled for the CPU in float32, as infer and serve run it."""
     session = OpenVINOSession(files["xml"], weights=files["bin"])
 
-    def run(images: np.ndarray) -> np.ndarray:
-        return session.run(["logits"], {"images": images})[0]
+    def run(images: np.ndarray) -> Outputs:
+        names = [output.name for output in session.get_outputs()]
+        return Outputs.of(names, session.run(names, {"images": images}))
 
     return run

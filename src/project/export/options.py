@@ -23,7 +23,8 @@ class ExportOptions:
         opset: ONNX opset version.
         unknown_accept: Share of validation images the unknown threshold accepts; below it
             infer/serve/predict answer `unknown`. 0 or null: no rejection.
-        unknown_score: What the threshold applies to: `energy` or `max_probability`.
+        unknown_score: What the threshold applies to: `auto` (the score that answers the most of the
+            foreign images export makes `unknown`), `knn` (features), `energy` or `max_probability`.
         quantize: `int8`: also write `<name>-int8.onnx` (static quantization), measured against
             the float model.
         calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
@@ -34,7 +35,7 @@ class ExportOptions:
 
     opset: int = 18
     unknown_accept: float | None = DEFAULT_ACCEPT
-    unknown_score: Literal["energy", "max_probability"] = "energy"
+    unknown_score: Literal["auto", "knn", "energy", "max_probability"] = "auto"
     quantize: Literal["int8"] | None = None
     calibrate: bool = True
     format: Format = "onnx"
@@ -46,10 +47,10 @@ class ExportOptions:
                 "pass e.g. unknown_accept=0.95 (accept 95% of validation images), "
                 "or 0 to turn rejection off.",
             )
-        if self.unknown_score not in SCORES:
+        if self.unknown_score not in ("auto", *SCORES):
             raise UserError(
                 f"unknown_score={self.unknown_score!r} is not a known score.",
-                f"pass one of {', '.join(SCORES)}.",
+                f"pass auto or one of {', '.join(SCORES)}.",
             )
         if self.format not in get_args(Format):
             raise UserError(

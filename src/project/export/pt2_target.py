@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from project.deploy.calibration import Outputs
+
 if TYPE_CHECKING:
     from project.export.targets import Files, Runner, Source
 
@@ -22,8 +24,10 @@ def load(files: Files) -> Runner:
     with open(files["pt2"], "rb") as f:
         module = torch.export.load(f).module()
 
-    def run(images: np.ndarray) -> np.ndarray:
+    def run(images: np.ndarray) -> Outputs:
         with torch.no_grad():
-            return module(torch.from_numpy(images)).numpy()
+            out = module(torch.from_numpy(images))
+        values = out if isinstance(out, (tuple, list)) else (out,)
+        return Outputs(*(v.numpy() for v in values))
 
     return run

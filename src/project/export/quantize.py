@@ -25,6 +25,8 @@ from project.atomic import atomic_files, atomic_symlink
 from project.data.dataset import collate_skipping_none
 from project.data.source import data_at_hand
 from project.data.transforms import Interpolation, eval_transform
+from project.deploy.calibration import FEATURE_SCORES, Outputs
+from project.deploy.feature_bank import descriptors
 from project.deploy.sidecar import Sidecar
 from project.errors import UserError
 from project.export import fit_calibration
@@ -153,11 +155,15 @@ def measure(
         )
     except ValueError as e:
         return not_measured(result, str(e))
-    float_logits, int8_logits, labels = [], [], []
+    features = float_sidecar.unknown_score in FEATURE_SCORES  # the int8 model's, for its own threshold
+    names = ["logits", "features"] if features else ["logits"]
+    float_logits, int8_logits, int8_features, labels = [], [], [], []
     for images, targets in fit_calibration.good_batches(loader):
         batch = images.numpy()
         float_logits.append(float_session.run(["logits"], {"images": batch})[0])
-        int8_logits.append(int8_session.run(["logits"], {"images": batch})[0])
+        int8_outputs = Outputs.of(names, int8_session.run(names, {"images": batch}))
+        int8_logits.append(int8_outputs.logits)
+        int8_features.append(None if not features else descriptors(int8_outputs.features, batch))
         labels.append(targets.numpy())
     if not labels:  # --data.skip_bad_images left every one out: nothing to compare
         return not_measured(
@@ -181,9 +187,17 @@ def measure(
         if temperature >= fit_calibration.MAX_TEMPERATURE:  # refused as for the float model
             result |= fit_calibration.skipped(fit_calibration.flattening(logits, labels))
         else:
-            result |= fit_calibration.calibrate(
-                logits, labels, accept, float_sidecar.unknown_score, temperature
+            evidence = fit_calibration.Evidence(
+                np.concatenate(int8_features) if features else None,
+                float_sidecar.bank() if features else None,
             )
+            fitted = fit_calibration.calibrate(
+                logits, labels, accept, float_sidecar.unknown_score, temperature, evidence
+            )
+            # the float export's choice of score and its figures stand: only the threshold is the int8's own
+            for key in ("unknown_scores", "unknown_choice", "unknown_foreign_images"):
+                fitted.pop(key)
+            result |= fitted
     return result
 
 

@@ -17,10 +17,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from project.deploy.calibration import Outputs
 from project.export import onnx_target, openvino_target, pt2_target
 
-# uint8 images [N, 3, H, W] -> float logits [N, C], numpy in and out: a loaded export, ready to run
-Runner = Callable[[np.ndarray], np.ndarray]
+# uint8 images [N, 3, H, W] -> float logits [N, C] (and features [N, D] where the model outputs them),
+# numpy in and out: a loaded export, ready to run
+Runner = Callable[[np.ndarray], Outputs]
 # a target's files by suffix (`onnx`; `bin` and `xml`)
 Files = Mapping[str, Path]
 VERIFY_FIX = "check that the backbone exports cleanly (torch.export) or try another --opset."
@@ -31,7 +33,7 @@ class Source:
     """What a target is written from.
 
     Args:
-        model: uint8 images -> logits (`project.export.deployable.Deployable`), in eval mode.
+        model: uint8 images -> logits and features (`project.export.deployable.Deployable`), in eval mode.
         program: `model` through torch.export, dynamic batch.
         size: The image size the model takes.
         opset: The ONNX opset asked for.

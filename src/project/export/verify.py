@@ -12,6 +12,7 @@ from torch import nn
 from project.data.shapes import CLASSES, draw_shape
 from project.data.source import data_at_hand
 from project.data.transforms import Interpolation, eval_transform
+from project.deploy.calibration import Outputs
 from project.errors import UserError
 from project.export.targets import TARGETS, Runner
 
@@ -76,37 +77,62 @@ def load(name: str, files: Mapping[str, Path]) -> Runner:
 
 
 def compare(model: nn.Module, runners: Mapping[str, Runner], batches: dict[str, torch.Tensor]) -> dict:
-    """Each target's runner (by target name) against `model` on `batches`: the report the sidecar keeps
-    under `verification`; ExportError on any mismatch (the fix of the first target that failed)."""
+    """Each target's runner (by target name) against `model` on `batches`, logits and features alike: the
+    report the sidecar keeps under `verification`; ExportError on any mismatch (the fix of the first
+    target that failed)."""
     report: dict[str, dict] = {}
     failures, fixes = [], []
     for name, batch in batches.items():
         with torch.no_grad():
-            expected = model(batch).numpy()
-        scale = float(np.abs(expected).max())
-        bound = ATOL + RTOL * scale
+            expected = Outputs(*(None if t is None else t.numpy() for t in _outputs(model, batch)))
         for target, run in runners.items():
             runtime = TARGETS[target].runtime
-            logits = run(batch.numpy())
-            diff = float(np.abs(logits - expected).max())
-            same_top1 = bool((logits.argmax(1) == expected.argmax(1)).all())
-            report.setdefault(runtime, {})[name] = {
-                "max_abs_diff": diff,
-                "max_abs_logit": scale,
-                "bound": bound,
-                "top1_equal": same_top1,
-            }
-            if not (diff <= bound and same_top1):
+            outputs = run(batch.numpy())
+            result, problems = _agree(expected, outputs)
+            report.setdefault(runtime, {})[name] = result
+            if problems:
                 fixes.append(TARGETS[target].fix)
-                failures.append(
-                    f"{runtime} on {name}: max |logit diff| {diff:.2e} (bound {bound:.2e} for logits up "
-                    f"to {scale:.3g}), top-1 equal: {same_top1}"
-                )
+                failures.append(f"{runtime} on {name}: {'; '.join(problems)}")
     if failures:
         raise ExportError(
-            f"Export verification failed ({'; '.join(failures)}; bound {ATOL:g} + {RTOL:g} x max |logit|); "
+            f"Export verification failed ({'; '.join(failures)}; bound {ATOL:g} + {RTOL:g} x max |value|); "
             "no file was kept.",
             fixes[0],
         )
-    tolerance = {"atol": ATOL, "rtol": RTOL, "rule": "max |diff| <= atol + rtol * max |logit|, per batch"}
+    tolerance = {
+        "atol": ATOL,
+        "rtol": RTOL,
+        "rule": "max |diff| <= atol + rtol * max |value|, per batch and output",
+    }
     return {"passed": True, "tolerance": tolerance, "batches": list(batches), "results": report}
+
+
+def _outputs(model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    out = model(batch)
+    return out if isinstance(out, tuple) else (out, None)
+
+
+def _agree(expected: Outputs, got: Outputs) -> tuple[dict, list[str]]:
+    """The comparison of one batch's outputs (logits: also the top-1), and what disagrees."""
+    scale = float(np.abs(expected.logits).max())
+    bound = ATOL + RTOL * scale
+    diff = float(np.abs(got.logits - expected.logits).max())
+    same_top1 = bool((got.logits.argmax(1) == expected.logits.argmax(1)).all())
+    result = {"max_abs_diff": diff, "max_abs_logit": scale, "bound": bound, "top1_equal": same_top1}
+    problems = []
+    if not (diff <= bound and same_top1):
+        problems.append(
+            f"max |logit diff| {diff:.2e} (bound {bound:.2e} for logits up to {scale:.3g}), "
+            f"top-1 equal: {same_top1}"
+        )
+    if expected.features is not None:
+        if got.features is None or got.features.shape != expected.features.shape:
+            problems.append("no features output of the expected shape")
+            return result, problems
+        scale = float(np.abs(expected.features).max())
+        feature_bound = ATOL + RTOL * scale
+        feature_diff = float(np.abs(got.features - expected.features).max())
+        result |= {"features_max_abs_diff": feature_diff, "features_bound": feature_bound}
+        if not feature_diff <= feature_bound:
+            problems.append(f"max |feature diff| {feature_diff:.2e} (bound {feature_bound:.2e})")
+    return result, problems

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from project.deploy.calibration import UNKNOWN
+from project.deploy.calibration import UNKNOWN, Outputs
 from project.deploy.serve import bodies
 from project.deploy.serve.models import LoadedModel
 
@@ -34,24 +34,25 @@ def prepare(data: bytes, model: LoadedModel, max_pixels: int) -> Prepared:
     return Prepared(model, model.classifier.preprocess(image), image.width, image.height, image_format)
 
 
-def run_batch(items: Sequence[Prepared]) -> list[tuple[np.ndarray, int]]:
-    """(logits, batch size) per item. Items preprocessed for an older model run on that model."""
-    results: list[tuple[np.ndarray, int]] = [(np.empty(0), 0)] * len(items)
+def run_batch(items: Sequence[Prepared]) -> list[tuple[Outputs, int]]:
+    """(outputs, batch size) per item. Items preprocessed for an older model run on that model."""
+    results: list[tuple[Outputs, int]] = [(Outputs(np.empty(0)), 0)] * len(items)
     groups: dict[int, list[int]] = {}
     for i, item in enumerate(items):
         groups.setdefault(id(item.model), []).append(i)
     for indices in groups.values():
         model = items[indices[0]].model
-        logits = model.classifier.logits(np.stack([items[i].array for i in indices]))
-        for i, p in zip(indices, logits, strict=True):
-            results[i] = (p, len(indices))
+        outputs = model.classifier.run(np.stack([items[i].array for i in indices]))
+        for j, i in enumerate(indices):
+            features = None if outputs.features is None else outputs.features[j]
+            results[i] = (Outputs(outputs.logits[j], features), len(indices))
     return results
 
 
-def answer(model: LoadedModel, logits: np.ndarray, top_k: int, batch_size: int) -> dict:
-    """The JSON answer for one image's logits: calibrated top-k, `unknown` below the export's threshold."""
+def answer(model: LoadedModel, outputs: Outputs, top_k: int, batch_size: int) -> dict:
+    """The JSON answer for one image's outputs: calibrated top-k, `unknown` below the export's threshold."""
     classifier = model.classifier
-    probabilities = classifier.probabilities_of(logits[None])[0]
+    probabilities = classifier.probabilities_of(outputs.logits[None])[0]
     names, probs = classifier.top(probabilities, top_k)
     result = {
         "version": model.version,
@@ -59,7 +60,8 @@ def answer(model: LoadedModel, logits: np.ndarray, top_k: int, batch_size: int) 
         "batch_size": batch_size,
     }
     if not classifier.multilabel:
-        unknown, scores = classifier.unknown(logits[None])
+        features = None if outputs.features is None else outputs.features[None]
+        unknown, scores = classifier.unknown(Outputs(outputs.logits[None], features))
         result["class_name"] = UNKNOWN if unknown[0] else names[0]
         if scores is not None:
             calibration = classifier.calibration

@@ -131,10 +131,10 @@ class Service:
     async def _classify(self, prepared: Prepared, data: bytes, top_k: int) -> dict:
         """Run `prepared` in a batch and answer; the answer and `data` are offered to the sampler."""
         try:
-            logits, batch_size = await self.batcher.submit(prepared)
+            outputs, batch_size = await self.batcher.submit(prepared)
         except Overloaded as e:
             raise RequestError(503, f"The service is overloaded: {e}.", "retry after a second.") from None
-        result = answer(prepared.model, logits, top_k, batch_size)
+        result = answer(prepared.model, outputs, top_k, batch_size)
         if self.sampler is not None:
             record = {"width": prepared.width, "height": prepared.height, **result}
             self.sampler.offer(data, prepared.image_format, record)
