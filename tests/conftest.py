@@ -5,12 +5,21 @@ Functions the tests call (the in-process CLI runner, tiny trainers, ...) live in
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from project.data.shapes import generate_shapes
+
+# pytest-xdist runs the suite on 2 workers (pyproject's addopts), one per core of a CI machine: each
+# worker, and each command it starts, computes on one thread, not on all cores against the other worker
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
