@@ -23,6 +23,7 @@ from jsonargparse import Namespace
 from project.trackers import flat_params, without_credentials
 from tests.helpers import fast_args, run_cli
 
+SRC = str(Path(__file__).resolve().parents[1] / "src")  # the code under test, also where it is not installed
 SECRET = "s3cr3t-pass"  # the password of the tracking URI: found nowhere after the run
 
 
@@ -62,6 +63,16 @@ def test_a_tracker_whose_package_is_missing_is_one_line_naming_the_extra(
         "installed. Fix: pip install -e '.[trackers]' (or pip install mlflow)."
     ]
     assert not (workdir / "logs").exists() or not any((workdir / "logs").iterdir())
+
+
+def test_the_printed_config_of_the_mlflow_preset_holds_no_password(workdir: Path) -> None:
+    # a process of its own: Lightning reads MLFLOW_TRACKING_URI into a default when it is imported
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://tracker:{SECRET}@127.0.0.1:5000", "PYTHONPATH": SRC}
+    preset = ["--config", "configs/presets/mlflow.yaml"]
+    command = [sys.executable, "-m", "project", "fit", *preset, "--print_config"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert "class_path: lightning.pytorch.loggers.MLFlowLogger" in done.stdout, done.stderr
+    assert SECRET not in done.stdout + done.stderr
 
 
 def free_port() -> int:
