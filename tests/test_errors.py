@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import project
 from project.errors import usage_error
 
 # One bad value per command; each fails while the options are read, before any model or data work.
@@ -176,3 +179,29 @@ def assert_one_error_line(outcome: dict) -> None:
 def test_parser_messages_become_one_line_naming_the_option(message: str, expected: str) -> None:
     error = usage_error(message, "python -m project doctor", ["--workers", "--folders", "--help"])
     assert str(error).startswith(expected) and "\n" not in str(error)
+
+
+def test_every_install_advice_comes_from_one_helper() -> None:
+    """An optional package's `pip install -e '.[extra]'` is written in errors.install_hint only, so every
+    message says it the same way (messages, not docstrings)."""
+    package = Path(project.__file__).parent
+    written = []
+    for path in sorted(package.rglob("*.py")):
+        if "template" in path.relative_to(package).parts or path.name == "errors.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(ast.get_docstring(node, clean=False) and node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        written += [
+            f"{path.relative_to(package)}:{node.lineno}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and re.search(r"pip install (-e )?'?\.\[|pip install \w", node.value)
+            and "--index-url" not in node.value  # a CUDA build of torch: not an extra of the project
+        ]
+    assert written == []

@@ -102,8 +102,7 @@ def test_without_openvino_an_ir_is_one_error_line(
     monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
     needs = (
         f"error: Running the OpenVINO model '{exported / 'm.xml'}' needs the `openvino` package, which is "
-        "not installed. Fix: install it with `pip install openvino` (in a clone of this project: "
-        "`pip install -e '.[openvino]'`)."
+        "not installed. Fix: pip install -e '.[openvino]' (or pip install openvino)."
     )
     with pytest.raises(SystemExit) as exited:
         infer_main(["--model", str(exported / "m.xml"), str(images)])

@@ -63,7 +63,8 @@ def test_without_timm_a_timm_name_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "timm", None)  # what `import timm` does where it is not installed
-    with pytest.raises(UserError, match=r"need the timm package\. Fix: pip install -e '\.\[timm\]'"):
+    needs = r"needs the `timm` package, which is not installed\. Fix: pip install -e '\.\[timm\]'"
+    with pytest.raises(UserError, match=needs):
         build_backbone("timm/resnet18", 3)
     models_main(["resnet18"])  # torchvision's still listed, and a note on timm's
     captured = capsys.readouterr()

@@ -11,8 +11,10 @@ from typing import Any
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import Logger
 from typing_extensions import override
 
+from project import trackers
 from project.atomic import remove_partials
 from project.backbones import preprocessing
 from project.callbacks import (
@@ -32,6 +34,7 @@ from project.callbacks import (
     RunSummary,
     ScalarsLayout,
     Throughput,
+    TrackerArtifacts,
     TrainingImages,
 )
 from project.callbacks.save_config import AtomicSaveConfig
@@ -102,8 +105,16 @@ CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
 }
 # Always on, without flags: the exact-resume RNG state, the clean stop on Ctrl-C/SIGTERM, the
 # check of the file paths a resumed checkpoint's ModelCheckpoint state names, TensorBoard's layout
-# (accuracy and loss first), and the block that ends a fit (after GracefulStop's, whose checkpoint it names).
-BUILT_IN: tuple[type[Callback], ...] = (RNGState, GracefulStop, CheckpointPaths, ScalarsLayout, RunSummary)
+# (accuracy and loss first), the files the trackers get when fit ends (nothing without one), and the
+# block that ends a fit (after GracefulStop's, whose checkpoint it names).
+BUILT_IN: tuple[type[Callback], ...] = (
+    RNGState,
+    GracefulStop,
+    CheckpointPaths,
+    ScalarsLayout,
+    TrackerArtifacts,
+    RunSummary,
+)
 # What the console shows, where the trainer's own flags leave it on (console_callbacks): the model summary
 # without a FLOPs column, and per-epoch lines instead of the progress bar when stdout is not a terminal.
 CONSOLE: tuple[type[Callback], ...] = (CompactModelSummary, EpochLines)
@@ -227,6 +238,13 @@ class ProjectCLI(LightningCLI):
             help="Run name: logs/<name> and checkpoints/<name>. Default: a new time stamp; "
             "with --ckpt_path last, the newest run.",
         )
+        parser.add_argument(
+            "--trackers",
+            type=list[Logger] | None,
+            default=None,
+            help="Experiment trackers logged to beside trainer.logger (TensorBoard): Lightning's loggers, "
+            "e.g. --config configs/presets/mlflow.yaml (also wandb.yaml, csv.yaml).",
+        )
         for group, (callback, defaults) in CALLBACKS.items():
             parser.add_lightning_class_args(callback, group)
             parser.set_defaults({f"{group}.{key}": value for key, value in defaults.items()})
@@ -241,6 +259,9 @@ class ProjectCLI(LightningCLI):
         console = console_callbacks(self.subcommand, config)
         self.trainer_defaults["callbacks"] = [*(callback() for callback in BUILT_IN), *console]
         apply_backbone_defaults(config)
+        if self.subcommand in DRY + FINDERS:
+            config.trackers = None
+        trackers.require_packages(config.trackers or [])
         if self.subcommand in DRY:
             config.trainer.logger = False
             return
@@ -286,6 +307,16 @@ class ProjectCLI(LightningCLI):
             # fit's folder their step-0 points would end the fit's series there (TensorBoard drops the
             # later points of a tag whose steps go back) and `report` would draw them as the fit's
             logger.init_args.version = "" if self.subcommand == "fit" else self.subcommand
+        trackers.configure(config.trackers or [], config.name, self.subcommand)
+
+    @override
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The trainer, logging to `trainer.logger` (TensorBoard) and to each of `trackers`."""
+        added = self.config_init[self.subcommand].get("trackers") or []
+        if added:
+            logger = self.config_init[self.subcommand]["trainer"].get("logger")
+            kwargs["logger"] = trackers.beside(logger, added)
+        return super().instantiate_trainer(**kwargs)
 
 
 def console_callbacks(subcommand: str, config: Any) -> list[Callback]:

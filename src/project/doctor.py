@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.datamodule import MAX_WORKERS_PER_CORE, usable_cores
-from project.errors import CommandParser, UserError, exits_on_user_error
+from project.errors import CommandParser, UserError, exits_on_user_error, install_hint
 from project.terminal import printable
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics", "onnx", "onnxruntime")
@@ -48,7 +48,7 @@ def check_versions(report: Report) -> None:
             version = metadata.version(package)
         except metadata.PackageNotFoundError:
             report.info(package, "MISSING")
-            report.problem(f"{package} is not installed.", "pip install -e '.[dev]' in this project.")
+            report.problem(f"{package} is not installed.", install_hint("dev", package) + ".")
             continue
         if package == "torch":
             build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"

@@ -35,6 +35,24 @@ class UserError(Exception):
         super().__init__(problem if fix is None else f"{problem} Fix: {fix}")
 
 
+def install_hint(extra: str, packages: str) -> str:
+    """How to install an optional part of the project: the one wording of every "install X" advice.
+
+    Args:
+        extra: The extra of pyproject.toml that brings it (`timm`, `trackers`, ...).
+        packages: The packages themselves, for an environment without a clone of the project.
+    """
+    return f"pip install -e '.[{extra}]' (or pip install {packages})"
+
+
+def missing_package(needed_for: str, extra: str, packages: str) -> UserError:
+    """The UserError for an optional package that is not installed: what needs it and how to install it."""
+    names = packages.split()
+    what = " and ".join(f"`{name}`" for name in names)
+    what += " packages, which are" if len(names) > 1 else " package, which is"
+    return UserError(f"{needed_for} needs the {what} not installed.", install_hint(extra, packages) + ".")
+
+
 def user_message(error: BaseException) -> str:
     """The user-facing text of a UserError, also when a DataLoader worker re-raised it with a traceback.
 

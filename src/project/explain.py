@@ -20,7 +20,7 @@ from torch import nn
 
 from project.atomic import atomic_write
 from project.backbones import head_of
-from project.errors import UserError
+from project.errors import UserError, missing_package
 
 
 def target_layer(net: nn.Module, backbone: str) -> nn.Module:
@@ -75,10 +75,7 @@ class Explainer:
         try:
             from pytorch_grad_cam import GradCAM
         except ImportError:
-            raise UserError(
-                "--predictions.explain_dir needs the grad-cam package.",
-                "pip install -e '.[explain]' (or pip install grad-cam).",
-            ) from None
+            raise missing_package("--predictions.explain_dir", "explain", "grad-cam") from None
         self.model = nn.Sequential(normalize, net)
         self.cam = GradCAM(self.model, [target_layer(net, backbone)], reshape_transform=feature_map(net))
 

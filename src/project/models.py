@@ -14,7 +14,7 @@ import difflib
 import fnmatch
 import sys
 
-from project.errors import CommandParser, UserError, exits_on_user_error
+from project.errors import CommandParser, UserError, exits_on_user_error, install_hint
 
 
 def matching(names: list[str], pattern: str | None) -> list[str]:
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
         rows += timm_rows(args.pattern, args.pretrained)
     except UserError:
         # timm is optional: say so once, after whatever torchvision has
-        print("(timm is not installed: pip install -e '.[timm]' adds timm/<name> backbones)", file=sys.stderr)
+        hint = install_hint("timm", "timm")
+        print(f"(timm is not installed: {hint} adds timm/<name> backbones)", file=sys.stderr)
     if not rows:
         raise UserError(f"No backbone matches '{args.pattern}'.", _hint(args.pattern))
     print("\n".join(rows))

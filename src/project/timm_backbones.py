@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from project.checkpoint_io import cached_weights_error, check_declared_sizes
-from project.errors import UserError
+from project.errors import UserError, install_hint, missing_package
 
 PREFIX = "timm/"
 HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # the hub's weights files, data-only first
@@ -35,10 +35,7 @@ def timm_module() -> ModuleType:
     try:
         import timm
     except ImportError:
-        raise UserError(
-            "timm backbones (--model.backbone=timm/...) need the timm package.",
-            "pip install -e '.[timm]' (or pip install timm).",
-        ) from None
+        raise missing_package("timm backbones (--model.backbone=timm/...)", "timm", "timm") from None
     return timm
 
 
@@ -207,7 +204,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     except ImportError:
         raise UserError(
             f"Weights file '{path}' is a .safetensors file: reading it needs the safetensors package.",
-            "pip install -e '.[timm]' (or pip install safetensors).",
+            install_hint("timm", "safetensors") + ".",
         ) from None
     try:
         return load_file(path, device="cpu")

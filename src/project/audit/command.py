@@ -31,7 +31,7 @@ from project.audit.timing import default_folds, measure_step, plan_folds, runs_o
 from project.cli import ProjectCLI, apply_backbone_defaults, config_folder, packaged_configs, parse_or_refuse
 from project.config_checks import check_cli_config, positive_int, require
 from project.data.dataset import ImageDataset
-from project.errors import UserError, exits_on_user_error
+from project.errors import UserError, exits_on_user_error, missing_package
 from project.runs import LOGS, lock_run, new_run_name
 
 # fit's Trainer options that also shape the fold runs; devices, logger and checkpoints are the audit's
@@ -278,10 +278,7 @@ def check_clean_path(dest: str | None, root: Path) -> Path | None:
 def require_cleanlab() -> None:
     """cleanlab (and scikit-learn with it) is the `audit` extra: say how to install it."""
     if importlib.util.find_spec("cleanlab") is None or importlib.util.find_spec("sklearn") is None:
-        raise UserError(
-            "`audit` needs the cleanlab library (confident learning), which is not installed.",
-            "pip install -e '.[audit]' (or: pip install cleanlab).",
-        )
+        raise missing_package("`audit` (confident learning)", "audit", "cleanlab")
 
 
 @exits_on_user_error

@@ -16,6 +16,7 @@ from project.callbacks.rng_state import RNGState
 from project.callbacks.run_summary import RunSummary
 from project.callbacks.scalars_layout import ScalarsLayout
 from project.callbacks.throughput import Throughput
+from project.callbacks.trackers import TrackerArtifacts
 from project.callbacks.training_images import TrainingImages
 
 __all__ = [
@@ -35,5 +36,6 @@ __all__ = [
     "RunSummary",
     "ScalarsLayout",
     "Throughput",
+    "TrackerArtifacts",
     "TrainingImages",
 ]

@@ -1,4 +1,5 @@
-"""LightningCLI's SaveConfigCallback, writing the run's config.yaml atomically."""
+"""LightningCLI's SaveConfigCallback, writing the run's config.yaml atomically (without credentials), and
+giving the experiment trackers the same configuration as flat parameters."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
 from typing_extensions import override
 
 from project.atomic import atomic_write
+from project.trackers import flat_params, without_credentials
 
 
 class AtomicSaveConfig(SaveConfigCallback):
-    """Save the resolved config to `<log_dir>/<config_filename>` via a temporary file, fsync and rename."""
+    """Save the resolved config to `<log_dir>/<config_filename>` via a temporary file, fsync and rename;
+    log it, flat (`model.backbone`, `trainer.max_epochs`, ...), to every logger but TensorBoard (whose
+    hparams view is project.callbacks.HParams). A URL's `user:password@` is written in neither."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -28,8 +33,21 @@ class AtomicSaveConfig(SaveConfigCallback):
 
     @override
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        trackers = [lg for lg in trainer.loggers if not isinstance(lg, TensorBoardLogger)]
+        if trackers and trainer.is_global_zero:
+            params = flat_params(self.config)
+            for logger in trackers:
+                logger.log_hyperparams(params)
+                # the flat configuration holds the model's and the data's hyperparameters: Lightning's own
+                # call after setup would log them again under other names (nested, with private keys)
+                logger.log_hyperparams = _logged_already
         if self._log_dir is None:
             return
         path = Path(self._log_dir) / self.config_filename
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, self.parser.dump(self.config, skip_none=False).encode())
+        text = without_credentials(self.parser.dump(self.config, skip_none=False))
+        atomic_write(path, text.encode())
+
+
+def _logged_already(*args: Any, **kwargs: Any) -> None:
+    """A tracker's log_hyperparams once the configuration is logged."""

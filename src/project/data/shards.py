@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any, NoReturn
 
 from project.atomic import atomic_write
-from project.errors import UserError
+from project.errors import UserError, missing_package
 from project.model import TASKS, is_multilabel
 
 INDEX = "shards.json"
@@ -42,10 +42,7 @@ def litdata() -> Any:
     try:
         import litdata
     except ModuleNotFoundError:
-        raise UserError(
-            "Shards need LitData, which is not installed.",
-            "pip install '.[shards]' (litdata and boto3).",
-        ) from None
+        raise missing_package("Shards", "shards", "litdata boto3") from None
     return litdata
 
 

@@ -17,12 +17,9 @@ from types import ModuleType, SimpleNamespace
 
 import numpy as np
 
-from project.errors import UserError
+from project.errors import UserError, missing_package
 
 SUFFIX = ".xml"  # the IR's graph; its weights are the .bin of the same stem
-INSTALL = (
-    "install it with `pip install openvino` (in a clone of this project: `pip install -e '.[openvino]'`)."
-)
 # Export verifies the IR in float32. OpenVINO's CPU plugin otherwise picks bf16 on CPUs that have
 # it (AMX, AVX512-BF16), which moves logits by far more than the verification bound allows.
 PRECISION = {"INFERENCE_PRECISION_HINT": "f32"}
@@ -33,9 +30,7 @@ def import_openvino(needed_for: str) -> ModuleType:
     try:
         import openvino
     except ImportError:
-        raise UserError(
-            f"{needed_for} needs the `openvino` package, which is not installed.", INSTALL
-        ) from None
+        raise missing_package(needed_for, "openvino", "openvino") from None
     return openvino
 
 

@@ -37,7 +37,7 @@ except ImportError:  # Windows: one process per study file
 import optuna
 from optuna.trial import TrialState
 
-from project.errors import UserError, exits_on_user_error
+from project.errors import UserError, exits_on_user_error, install_hint
 from project.runs import CHECKPOINTS, LOGS
 from project.sweep.options import check_space_keys, fit_options
 from project.sweep.settings import (
@@ -203,7 +203,7 @@ def _unreachable(url: str, e: Exception) -> UserError:
     return UserError(
         f"sweep.storage '{_masked(url)}' cannot be opened: {str(e).splitlines()[0]}",
         "check the URL, that the database server runs and is reachable, and that its driver is "
-        "installed (PostgreSQL: pip install psycopg2-binary).",
+        f"installed (PostgreSQL: {install_hint('postgres', 'psycopg2-binary')}).",
     )
 
 
