@@ -5,11 +5,14 @@ Functions the tests call (the in-process CLI runner, tiny trainers, ...) live in
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from project import api
+from project.api import Run
 from project.data.shapes import generate_shapes
 
 
@@ -34,3 +37,19 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     work.mkdir()
     monkeypatch.chdir(work)
     return work
+
+
+@pytest.fixture(scope="session")
+def fitted_run(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Run:
+    """One tiny fit through the Python API (resnet18, 32 px, 1 epoch) with its end-of-fit ONNX export,
+    for the tests that predict with a checkpoint or an export. Its logs/ and checkpoints/ lie in a folder
+    of its own (the export names its checkpoint relative to it: chdir there to predict)."""
+    from tests.helpers import fast_args
+
+    work = tmp_path_factory.mktemp("fitted-run")
+    saved = Path.cwd()
+    os.chdir(work)
+    try:
+        return api.fit(*fast_args(shapes_root), "--export_best.enabled=true", "--name=fitted")
+    finally:
+        os.chdir(saved)
