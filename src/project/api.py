@@ -4,6 +4,7 @@
 
     run = api.fit("--trainer.max_epochs=2")          # `python -m project fit ...`: the same configs and flags
     api.show_batch()                                  # augmented training images beside validation's view
+    api.report(run)                                   # its curves and confusion matrix, as a picture
     model = api.load(run.best_checkpoint)            # PyTorch: the run's preprocessing and calibration
     model.predict("photo.jpg")                        # a file, its bytes, a PIL image or a uint8 numpy array
     deployed = api.load(run.export)                   # torch-free (.onnx or OpenVINO .xml): `infer`'s answers
@@ -116,6 +117,18 @@ def show_batch(
         _cli("show_batch", (*flags, f"--output={target}"), overrides)
         with Image.open(target) as img:
             return img.copy()
+
+
+def report(run: Run | str | os.PathLike) -> Image.Image:
+    """`python -m project report RUN`: the run's curves, confusion matrix and per-class accuracy, as a PIL
+    image (shown inline by Jupyter); report.png and report.html are written into the run's log folder."""
+    from project.report import report as write_report
+
+    where = run.logs if isinstance(run, Run) else run
+    if where is None:
+        raise ValueError("This run logged nothing (trainer.logger was off): there is no report to draw.")
+    with Image.open(write_report(str(where))) as img:
+        return img.copy()
 
 
 def _cli(subcommand: str, flags: Sequence[str], overrides: Mapping[str, Any] | None) -> Any:
