@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from project import api
-from project.api import Run
 from project.data.shapes import generate_shapes
+
+if TYPE_CHECKING:
+    from project.api import Run
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +45,8 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def fitted_run(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Run:
     """One tiny fit through the Python API (resnet18, 32 px, 1 epoch) with its end-of-fit ONNX export,
     for the tests that predict with a checkpoint or an export. Its logs/ and checkpoints/ lie in a folder
-    of its own (the export names its checkpoint relative to it: chdir there to predict)."""
+    of its own; the working folder is the test's again once it is trained (the Run's paths are absolute)."""
+    from project import api
     from tests.helpers import fast_args
 
     work = tmp_path_factory.mktemp("fitted-run")
