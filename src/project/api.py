@@ -238,11 +238,8 @@ class ExportModel(_Predicting):
         for i, probabilities in enumerate(classifier.probabilities_of(logits)):
             names, probs = classifier.top(probabilities, k)
             if classifier.multilabel:
-                chosen = [
-                    n
-                    for n in self.class_names
-                    if probabilities[self.class_names.index(n)] >= classifier.threshold
-                ]
+                pairs = zip(self.class_names, probabilities, strict=True)
+                chosen = [n for n, p in pairs if p >= classifier.threshold]
                 answers.append(Prediction(names[0], names, probs, chosen))
                 continue
             score = None if scores is None else float(scores[i])
