@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+import setuptools  # noqa: F401  (before anything imports distutils: torch.compile's build needs setuptools' own)
 import torch
 
 from project.data.shapes import generate_shapes
@@ -20,6 +22,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, "1")
     torch.set_num_threads(1)
+
+if TYPE_CHECKING:
+    from project.api import Run
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +48,20 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     work.mkdir()
     monkeypatch.chdir(work)
     return work
+
+
+@pytest.fixture(scope="session")
+def fitted_run(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Run:
+    """One tiny fit through the Python API (resnet18, 32 px, 1 epoch) with its end-of-fit ONNX export,
+    for the tests that predict with a checkpoint or an export. Its logs/ and checkpoints/ lie in a folder
+    of its own; the working folder is the test's again once it is trained (the Run's paths are absolute)."""
+    from project import api
+    from tests.helpers import fast_args
+
+    work = tmp_path_factory.mktemp("fitted-run")
+    saved = Path.cwd()
+    os.chdir(work)
+    try:
+        return api.fit(*fast_args(shapes_root), "--export_best.enabled=true", "--name=fitted")
+    finally:
+        os.chdir(saved)

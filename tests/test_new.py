@@ -164,6 +164,19 @@ def test_an_empty_destination_folder_is_filled(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
 
+def test_the_notebooks_are_cloned_renamed(tmp_path: Path) -> None:
+    """The clone's notebooks import and run its own package (`from leafnet import api`), not this one."""
+    import nbformat
+
+    new.create(tmp_path / "clone", "leafnet")
+    for name in ("quickstart", "your_images"):
+        notebook = nbformat.read(tmp_path / "clone" / "notebooks" / f"{name}.ipynb", as_version=4)
+        nbformat.validate(notebook)
+        code = "\n".join(cell.source for cell in notebook.cells)
+        assert "from leafnet import api" in code and "from leafnet.data.shapes import" in code
+        assert not re.search(rf"\b{OLD}\.|import {OLD}\b|from {OLD}\b|-m {OLD}\b", code)
+
+
 def test_outside_git_the_tree_is_walked_with_exclusions(tmp_path: Path) -> None:
     root = tmp_path / "template"
     keep = [

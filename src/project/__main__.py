@@ -2,7 +2,7 @@
 
 infer, serve, report, doctor, new, sweep, audit, models and optimize have a module of their own and skip
 the training CLI (most of them torch too): they go first. Everything else is a LightningCLI subcommand of
-project.cli: fit, validate, test, predict and the Trainer's export, memory, lr_find and
+project.cli: fit, validate, test, predict and the Trainer's export, memory, show_batch, lr_find and
 batch_size_find. Every command's main ends a user's mistake the same way
 (project.errors.exits_on_user_error).
 """
@@ -29,7 +29,17 @@ COMMANDS = {
 
 
 # the LightningCLI subcommands (project.cli.ProjectCLI.subcommands()), named without importing torch
-TRAINING = ("fit", "validate", "test", "predict", "export", "memory", "lr_find", "batch_size_find")
+TRAINING = (
+    "fit",
+    "validate",
+    "test",
+    "predict",
+    "export",
+    "memory",
+    "show_batch",
+    "lr_find",
+    "batch_size_find",
+)
 
 
 @exits_on_user_error

@@ -63,7 +63,7 @@ CHECKPOINT_ONLY = ("validate", "test", "predict", "export")
 # Checkpoint names carry the monitored metric (another --checkpoint.monitor puts its own in the name).
 DEFAULT_FILENAME = "epoch={epoch:03d}-val_acc={val/acc:.4f}"
 # Subcommands that only look at the configured model and data: no checkpoint, no run folder.
-DRY = ("memory",)
+DRY = ("memory", "show_batch")
 # Subcommands that try training steps on the configured model and data (Lightning's Tuner), then print
 # the flag to pass to fit: no checkpoint; lr_find leaves its plot in logs/<name>/.
 FINDERS = ("lr_find", "batch_size_find")
@@ -130,6 +130,7 @@ class ProjectCLI(LightningCLI):
             **LightningCLI.subcommands(),
             "export": {"model", "datamodule"},
             "memory": {"model", "datamodule"},
+            "show_batch": {"model", "datamodule"},
             "lr_find": {"model", "datamodule"},
             "batch_size_find": {"model", "datamodule"},
         }

@@ -187,6 +187,29 @@ def check_class_weights(class_weights: list[float] | None, num_classes: int, tas
     )
 
 
+def check_pixel_values(images: torch.Tensor) -> None:
+    """Refuse float images that are not on the 0-255 scale the model takes (ValueError saying what to pass).
+
+    A float 0-1 tensor (torchvision's ToTensor) or an already normalized one would be normalized a
+    second time and answered wrongly without a word. uint8 images, and float ones with values 0-255,
+    pass; so do tensors traced or compiled for an export (those are uint8).
+    """
+    if not images.is_floating_point() or images.numel() == 0:
+        return
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return  # no data-dependent branch in a graph
+    low, high = float(images.min()), float(images.max())
+    if low >= 0 and high <= 255 and not 0 < high <= 1:
+        return
+    raise ValueError(
+        f"ImageClassifier takes RGB images [N, 3, H, W] with values 0-255 (uint8; it normalizes them "
+        f"itself), but got a float tensor with values from {low:.3g} to {high:.3g}"
+        f"{' (the 0-1 scale of ToTensor)' if high <= 1 and low >= 0 else ' (already normalized?)'}. "
+        "Pass uint8 images: (images * 255).round().to(torch.uint8) for 0-1 floats, without "
+        "Normalize; or predict files, PIL images and numpy arrays with project.api.load(CKPT).predict."
+    )
+
+
 class Normalize(nn.Module):
     """uint8 images in, normalized float out: the one place preprocessing happens, also in exports."""
 
@@ -338,6 +361,7 @@ class ImageClassifier(L.LightningModule):
 
     @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        check_pixel_values(images)
         x = self.normalize(images)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)

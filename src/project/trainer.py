@@ -1,5 +1,5 @@
-"""The Lightning Trainer plus the `export`, `memory`, `lr_find` and `batch_size_find` methods, which
-LightningCLI turns into subcommands (`audit` has its own CLI: project.audit.command)."""
+"""The Lightning Trainer plus the `export`, `memory`, `show_batch`, `lr_find` and `batch_size_find` methods,
+which LightningCLI turns into subcommands (`audit` has its own CLI: project.audit.command)."""
 
 from __future__ import annotations
 
@@ -88,6 +88,28 @@ class Trainer(L.Trainer):
         """
         budget = memory_budget.measure(model, self, datamodule.batch_size, datamodule.image_size)
         print(memory_budget.report(budget, self.accumulate_grad_batches))
+
+    def show_batch(
+        self,
+        model: L.LightningModule,
+        datamodule: L.LightningDataModule,
+        output: str = "logs/batch.png",
+        count: int = 12,
+    ) -> None:
+        """Write augmented training images with their labels, beside the validation view, to a PNG.
+
+        Args:
+            model: The model as `fit` would build it (unused: the data's own classes caption the images).
+            datamodule: The data as `fit` would use it: its transforms, MixUp/CutMix and class names.
+            output: The PNG to write.
+            count: Images of each split.
+        """
+        from project.show_batch import write_batch_view
+
+        if count < 1:
+            raise UserError(f"--count {count} is not a number of images.", "pass 1 or more, e.g. --count 12.")
+        written = write_batch_view(datamodule, Path(output), count, seed=torch.initial_seed() % 2**32)
+        print(f"Wrote {count} training images (augmented) beside {count} validation images to {written}")
 
     def lr_find(
         self,

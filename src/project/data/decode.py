@@ -316,6 +316,12 @@ def _decode_with_pil(data: bytes, name: str | Path, max_pixels: int | None) -> t
         raise bad_image(name, str(e) or type(e).__name__) from None
 
 
+def pil_rgb(img: Image.Image) -> np.ndarray:
+    """uint8 [H, W, 3] of an image already opened by Pillow, by a file's rule: upright per EXIF,
+    16-bit scaled, palette transparency and alpha as the decoder handles them."""
+    return _to_rgb_array(ImageOps.exif_transpose(img))
+
+
 def _to_rgb_array(img: Image.Image) -> np.ndarray:
     """HWC uint8 RGB from any PIL mode: 16/32-bit integer images are scaled, not clipped."""
     if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):

@@ -183,6 +183,8 @@ class Classifier:
         A file that cannot be decoded raises BadImageError, or, with `on_bad`, is handed to it and
         left out while the others are classified.
         """
+        if isinstance(paths, str | Path):  # a string would be classified a character at a time
+            raise TypeError(f"classify takes a list of image files; got one: {str(paths)!r}. Pass [path].")
         for start in range(0, len(paths), batch_size):
             chunk, arrays = [], []
             for path in paths[start : start + batch_size]:
