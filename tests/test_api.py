@@ -186,7 +186,7 @@ def calibrated(fitted_run: Run, tmp_path_factory: pytest.TempPathFactory) -> tup
     shutil.copytree(fitted_run.checkpoints, folder, symlinks=True)
     checkpoint, onnx = folder / fitted_run.best_checkpoint.name, folder / fitted_run.export.name
     images = odd_images(tmp_path_factory.mktemp("images"))
-    logits = api.load(onnx)._logits([Path(f) for f in sorted(images.glob("*.*"))])
+    logits = api.load(onnx)._logits([Path(f) for f in sorted(images.glob("*.*"))]).logits
     scores = np.sort(score(logits, "energy", 2.0))
     sidecar = onnx.with_suffix(".json")
     meta = json.loads(sidecar.read_text())

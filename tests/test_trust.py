@@ -309,8 +309,10 @@ def test_the_int8_export_is_measured_and_runs(trained: Path, pngs: Path) -> None
         assert sum(q.probabilities) == pytest.approx(1, abs=1e-6)
         float_p = dict(zip(f.names, f.probabilities, strict=True))
         assert max(abs(float_p[c] - p) for c, p in zip(q.names, q.probabilities, strict=True)) < 0.15
-    same = sum(f.names[0] == q.names[0] for f, q in zip(answers[""], answers["-int8"], strict=True))
-    assert same >= 8
+    # the same top-1 for the images of the classes but one (noise images, near a tie, may flip)
+    pairs = zip(files, answers[""], answers["-int8"], strict=True)
+    same = [f.names[0] == q.names[0] for path, f, q in pairs if not path.name.startswith("noise")]
+    assert sum(same) >= len(same) - 1, same
     # top_k=2 lists the two largest of those probabilities, in order
     for a, top2 in zip(answers["-int8"], full["-int8"].classify(files, top_k=2), strict=True):
         assert top2.probabilities == pytest.approx(a.probabilities[:2], abs=1e-9)

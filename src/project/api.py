@@ -29,8 +29,9 @@ import numpy as np
 from PIL import Image
 
 from project.data.decode import pil_rgb
-from project.deploy.calibration import UNKNOWN
+from project.deploy.calibration import UNKNOWN, Outputs
 from project.deploy.classifier import Classifier
+from project.deploy.feature_bank import descriptors
 
 # What `predict` takes: a file (path), a file's bytes, a PIL image, or a uint8 RGB array [H, W, 3]
 # (or grayscale [H, W]), values 0-255
@@ -209,10 +210,11 @@ class _Predicting:
             answers += self._answers(self._logits(checked[start : start + batch_size]), top_k)
         return answers
 
-    def _logits(self, images: list[Path | bytes | np.ndarray]) -> np.ndarray:
+    def _logits(self, images: list[Path | bytes | np.ndarray]) -> Any:
+        """What `_answers` reads: the model's outputs for a batch of images."""
         raise NotImplementedError
 
-    def _answers(self, logits: np.ndarray, top_k: int) -> list[Prediction]:
+    def _answers(self, outputs: Any, top_k: int) -> list[Prediction]:
         raise NotImplementedError
 
 
@@ -225,14 +227,15 @@ class ExportModel(_Predicting):
         self.classifier = Classifier(path, threads, unknown_accept)
         self.class_names = list(self.classifier.class_names)
 
-    def _logits(self, images: list[Path | bytes | np.ndarray]) -> np.ndarray:
+    def _logits(self, images: list[Path | bytes | np.ndarray]) -> Outputs:
         prepare = self.classifier.preprocess
         arrays = [prepare(Image.fromarray(x) if isinstance(x, np.ndarray) else x) for x in images]
-        return self.classifier.logits(np.stack(arrays))
+        return self.classifier.run(np.stack(arrays))  # logits, and features where the score needs them
 
-    def _answers(self, logits: np.ndarray, top_k: int) -> list[Prediction]:
+    def _answers(self, outputs: Outputs, top_k: int) -> list[Prediction]:
         classifier = self.classifier
-        unknown, scores = classifier.unknown(logits)
+        logits = outputs.logits
+        unknown, scores = classifier.unknown(outputs)
         k = len(self.class_names) if classifier.multilabel else top_k
         answers = []
         for i, probabilities in enumerate(classifier.probabilities_of(logits)):
@@ -290,6 +293,7 @@ class CheckpointModel(_Predicting):
     def _logits(self, images: list[Path | bytes | np.ndarray]) -> np.ndarray:
         import torch
 
+        from project.callbacks.prediction_writer import FirstView
         from project.data.decode import decode_chw, load_rgb
 
         tensors = []
@@ -301,10 +305,22 @@ class CheckpointModel(_Predicting):
             else:
                 tensors.append(torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))))
         batch = torch.stack([self.transform(t) for t in tensors])
-        with torch.no_grad():
-            return self.model.predict_step((batch, None), 0).numpy()  # predict's own step (tta included)
+        # the plain image's logits and features, as `predict` takes them for the unknown verdict
+        view = FirstView(self.model.net, self.calibration.needs_features)
+        try:
+            with torch.no_grad():
+                logits = self.model.predict_step(
+                    (batch, None), 0
+                ).numpy()  # predict's own step (tta included)
+            plain, features = view.take()
+        finally:
+            view.remove()
+        if features is not None:
+            features = descriptors(features, batch.numpy())
+        return logits, Outputs(plain, features)
 
-    def _answers(self, logits: np.ndarray, top_k: int) -> list[Prediction]:
+    def _answers(self, outputs: tuple[np.ndarray, Outputs], top_k: int) -> list[Prediction]:
+        logits, plain = outputs
         names = self.class_names
         if self.model.multilabel:
             probabilities = 1 / (1 + np.exp(-logits))
@@ -316,7 +332,11 @@ class CheckpointModel(_Predicting):
                 answers.append(Prediction(top[0], top, [float(p[i]) for i in order], chosen))
             return answers
         probabilities = self.calibration.probabilities(logits)
-        known, scores = self.calibration.known(logits), self.calibration.scores(logits)
+        if self.calibration.threshold is None:
+            known, scores = np.ones(len(logits), dtype=bool), np.zeros(len(logits))
+        else:
+            scores = self.calibration.scores(*plain)
+            known = scores >= self.calibration.threshold
         answers = []
         for p, ok, score in zip(probabilities, known, scores, strict=True):
             order = np.argsort(-p, kind="stable")[: min(top_k, len(names))]
