@@ -8,6 +8,8 @@ from torch import nn
 from project.backbones import feature_layer, logits_and_features, preprocessing
 from project.model import ImageClassifier
 
+OUTPUTS = ["logits", "features"]  # what the exported graphs name their outputs, in order
+
 
 class Deployable(nn.Module):
     """uint8 images -> (logits, features): the model's own normalization followed by the network.
@@ -31,7 +33,7 @@ class Deployable(nn.Module):
     @property
     def outputs(self) -> list[str]:
         """The names of the outputs, in order: what the exported graphs call them."""
-        return ["logits", "features"] if self.features else ["logits"]
+        return OUTPUTS if self.features else OUTPUTS[:1]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         x = self.normalize(images)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from project.deploy.calibration import Outputs
-from project.export.deployable import dynamic_batch, example_batch
+from project.export.deployable import OUTPUTS, dynamic_batch, example_batch
 
 if TYPE_CHECKING:
     from project.export.targets import Files, Runner, Source
@@ -31,7 +31,7 @@ def torchscript(source: Source, files: Files) -> bool:
 
 def torch_export(source: Source, files: Files) -> bool:
     """The torch.export-based exporter, starting from the program the .pt2 holds."""
-    write_torch_export(source.program, source.size, files["onnx"], source.opset, output_names(source.model))
+    write_torch_export(source.program, source.size, files["onnx"], source.opset)
     return True
 
 
@@ -57,10 +57,10 @@ def write_torchscript(model: nn.Module, size: int, path: Path, opset: int) -> bo
     return True
 
 
-def write_torch_export(
-    program: torch.export.ExportedProgram, size: int, path: Path, opset: int, outputs: list[str]
-) -> None:
-    """The torch.export-based exporter's file at `path` (dynamic batch, no external data)."""
+def write_torch_export(program: torch.export.ExportedProgram, size: int, path: Path, opset: int) -> None:
+    """The torch.export-based exporter's file at `path` (dynamic batch, no external data); its outputs
+    named as `Deployable.outputs` names them, as many as the program has."""
+    outputs = OUTPUTS[: len(program.graph_signature.user_outputs)]
     torch.onnx.export(
         program,
         (example_batch(size),),
@@ -77,7 +77,7 @@ def write_torch_export(
 
 def output_names(model: nn.Module) -> list[str]:
     """The graph's outputs: `Deployable.outputs` (logits, and the features where the network has them)."""
-    return list(getattr(model, "outputs", ["logits"]))
+    return list(getattr(model, "outputs", OUTPUTS[:1]))
 
 
 def load(files: Files) -> Runner:
