@@ -165,15 +165,18 @@ def test_an_empty_destination_folder_is_filled(tmp_path: Path) -> None:
 
 
 def test_the_notebooks_are_cloned_renamed(tmp_path: Path) -> None:
-    """The clone's notebooks import and run its own package (`from leafnet import api`), not this one."""
+    """The clone's notebooks import and run its own package (`from petalnet import api`), not this one.
+
+    Not named leafnet: the clone that test_clone_is_renamed_committed_and_passes_its_tests makes runs this
+    test too, and its own package is leafnet."""
     import nbformat
 
-    new.create(tmp_path / "clone", "leafnet")
+    new.create(tmp_path / "clone", "petalnet")
     for name in ("quickstart", "your_images"):
         notebook = nbformat.read(tmp_path / "clone" / "notebooks" / f"{name}.ipynb", as_version=4)
         nbformat.validate(notebook)
         code = "\n".join(cell.source for cell in notebook.cells)
-        assert "from leafnet import api" in code and "from leafnet.data.shapes import" in code
+        assert "from petalnet import api" in code and "from petalnet.data.shapes import" in code
         assert not re.search(rf"\b{OLD}\.|import {OLD}\b|from {OLD}\b|-m {OLD}\b", code)
 
 

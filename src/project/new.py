@@ -80,6 +80,7 @@ INTENTIONAL = (
     r"\[project\b",
     r'\["project"\]\["dependencies"\]',
     r"\bproject\(",
+    r"\.project\b",  # an attribute of another library's object (a W&B run's): never the package
     r"--name \w+",
     r"`Start \w+`",
 )
