@@ -216,6 +216,8 @@ def wandb_records(path: Path) -> Iterator[Any]:
         if left < 7 or (kind == 0 and length == 0):  # the rest of a block is padding
             position += left
             continue
+        if position + 7 + length > len(data):
+            return  # the tail W&B is still writing
         record += data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind in (1, 4):  # a whole record, or the last part of one
@@ -223,6 +225,18 @@ def wandb_records(path: Path) -> Iterator[Any]:
             parsed.ParseFromString(record)
             record = b""
             yield parsed
+
+
+def finished_records(folder: Path, seconds: float = 60) -> list[Any]:
+    """The records of the one offline run under `folder`, once W&B has written its `exit` record: its
+    service process writes the file after the run finishes in this one."""
+    deadline = time.monotonic() + seconds
+    while True:
+        paths = list(folder.glob("offline-run-*/run-*.wandb"))
+        records = list(wandb_records(paths[0])) if len(paths) == 1 else []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
 
 
 def entries(items: Iterable[Any]) -> dict[str, Any]:
@@ -246,9 +260,8 @@ def test_a_fit_with_the_wandb_preset_offline_keeps_its_params_curve_and_files_in
     finally:
         wandb.finish()  # a command's process ends its W&B run when it exits; this one goes on
 
+    records = finished_records(workdir / "logs" / "wandb")
     (folder,) = (workdir / "logs" / "wandb").glob("offline-run-*")
-    (path,) = folder.glob("run-*.wandb")
-    records = list(wandb_records(path))
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run.display_name == "offline" and run.project == "shapes"
     config = entries(i for r in records if r.HasField("config") for i in r.config.update)
