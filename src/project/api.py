@@ -31,7 +31,6 @@ from PIL import Image
 from project.data.decode import pil_rgb
 from project.deploy.calibration import UNKNOWN, Outputs
 from project.deploy.classifier import Classifier
-from project.deploy.feature_bank import descriptors
 
 # What `predict` takes: a file (path), a file's bytes, a PIL image, or a uint8 RGB array [H, W, 3]
 # (or grayscale [H, W]), values 0-255
@@ -312,12 +311,10 @@ class CheckpointModel(_Predicting):
                 logits = self.model.predict_step(
                     (batch, None), 0
                 ).numpy()  # predict's own step (tta included)
-            plain, features = view.take()
+            plain = view.take(batch)
         finally:
             view.remove()
-        if features is not None:
-            features = descriptors(features, batch.numpy())
-        return logits, Outputs(plain, features)
+        return logits, plain
 
     def _answers(self, outputs: tuple[np.ndarray, Outputs], top_k: int) -> list[Prediction]:
         logits, plain = outputs
@@ -332,11 +329,8 @@ class CheckpointModel(_Predicting):
                 answers.append(Prediction(top[0], top, [float(p[i]) for i in order], chosen))
             return answers
         probabilities = self.calibration.probabilities(logits)
-        if self.calibration.threshold is None:
-            known, scores = np.ones(len(logits), dtype=bool), np.zeros(len(logits))
-        else:
-            scores = self.calibration.scores(*plain)
-            known = scores >= self.calibration.threshold
+        unknown, scored = self.calibration.verdict(plain)
+        known, scores = ~unknown, np.zeros(len(logits)) if scored is None else scored
         answers = []
         for p, ok, score in zip(probabilities, known, scores, strict=True):
             order = np.argsort(-p, kind="stable")[: min(top_k, len(names))]

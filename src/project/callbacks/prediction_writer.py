@@ -30,7 +30,7 @@ from project.atomic import atomic_files
 from project.backbones import feature_layer
 from project.checkpoint_io import load_checkpoint_file
 from project.deploy import prediction_csv
-from project.deploy.calibration import UNKNOWN, Calibration
+from project.deploy.calibration import UNKNOWN, Calibration, Outputs
 from project.deploy.feature_bank import descriptors
 from project.deploy.sidecar import Sidecar, source_of
 from project.errors import UserError
@@ -151,9 +151,8 @@ class PredictionWriter(BasePredictionWriter):
         if prediction is None:  # every image of the batch was skipped as bad
             return
         logits = prediction.detach().float().cpu()
-        plain, features = self._first_view.take() if self._first_view else (logits.numpy(), None)
-        if features is not None:  # beside the image's own statistics, as infer and serve describe it
-            features = descriptors(features, batch[0].detach().cpu().numpy())
+        # the image as the export sees it: its plain view's logits (and features)
+        plain = self._first_view.take(batch[0]) if self._first_view else Outputs(logits.numpy())
         if is_multilabel(pl_module):  # every label's probability, in label order
             probabilities, classes = logits.sigmoid(), torch.empty(len(logits), 0, dtype=torch.long)
             known = torch.ones(len(logits), dtype=torch.bool)
@@ -161,9 +160,11 @@ class PredictionWriter(BasePredictionWriter):
         else:
             calibrated = torch.from_numpy(self.calibration.probabilities(logits.numpy()))
             probabilities, classes = calibrated.topk(self._k(pl_module), dim=1)
-            scores = torch.from_numpy(self._scores_of(plain, features))
-            threshold = self.calibration.threshold
-            known = torch.ones(len(logits), dtype=torch.bool) if threshold is None else scores >= threshold
+            unknown, scored = self.calibration.verdict(plain)
+            known = torch.from_numpy(~unknown)
+            scores = (
+                torch.zeros(len(logits), dtype=torch.double) if scored is None else torch.from_numpy(scored)
+            )
         self._positions.append(batch[1].detach().cpu())
         self._probabilities.append(probabilities.double())
         self._classes.append(classes)
@@ -229,12 +230,6 @@ class PredictionWriter(BasePredictionWriter):
                 writer.writerow(prediction_csv.row(file, top, top_p))
             else:
                 writer.writerow(prediction_csv.row(file, top, top_p, UNKNOWN, self.calibration.reason(score)))
-
-    def _scores_of(self, logits: np.ndarray, features: np.ndarray | None) -> np.ndarray:
-        """The unknown scores [N] of the plain images (zeros where no image is ever `unknown`)."""
-        if self.calibration.threshold is None:
-            return np.zeros(len(logits))
-        return self.calibration.scores(logits, features)
 
     def _k(self, pl_module: L.LightningModule) -> int:
         return min(self.top_k, len(label_names(pl_module)))
@@ -378,11 +373,15 @@ class FirstView:
         if self.features is None:
             self.features = inputs[0].detach().float().flatten(1).cpu().numpy()
 
-    def take(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """This batch's (logits, features), forgotten here so the next batch starts afresh."""
-        taken = self.logits, self.features
+    def take(self, images: torch.Tensor) -> Outputs:
+        """This batch's logits, and its features beside the uint8 `images`' statistics
+        (`feature_bank.descriptors`, as infer and serve describe an image); forgotten here so that the
+        next batch starts afresh."""
+        logits, features = self.logits, self.features
         self.logits = self.features = None
-        return taken
+        if features is None:
+            return Outputs(logits)
+        return Outputs(logits, descriptors(features, images.detach().cpu().numpy()))
 
     def remove(self) -> None:
         for handle in self.handles:

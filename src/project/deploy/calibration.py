@@ -125,6 +125,13 @@ class Calibration:
     def scores(self, logits: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
         return score(logits, self.score_name, self.temperature, features, self.bank)
 
+    def verdict(self, outputs: Outputs) -> tuple[np.ndarray, np.ndarray | None]:
+        """(bool [N]: answered `unknown`, the unknown scores [N] or None when no threshold applies)."""
+        if self.threshold is None:
+            return np.zeros(len(outputs.logits), dtype=bool), None
+        scores = self.scores(*outputs)
+        return scores < self.threshold, scores
+
     def known(self, logits: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
         """bool [N]: True where the image is answered with a class, False where `unknown`."""
         if self.threshold is None:

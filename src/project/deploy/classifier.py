@@ -161,10 +161,9 @@ class Classifier:
 
     def unknown(self, outputs: Outputs) -> tuple[np.ndarray, np.ndarray | None]:
         """(bool [N]: answered `unknown`, the unknown scores [N] or None when there is no threshold)."""
-        if self.multilabel or self.calibration.threshold is None:
+        if self.multilabel:
             return np.zeros(len(outputs.logits), dtype=bool), None
-        scores = self.calibration.scores(*outputs)
-        return scores < self.calibration.threshold, scores
+        return self.calibration.verdict(outputs)
 
     def top(self, probabilities: np.ndarray, k: int) -> tuple[list[str], list[float]]:
         """The k most probable class names of one image, most probable first, and their probabilities."""

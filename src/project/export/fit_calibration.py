@@ -90,23 +90,27 @@ def good_batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tenso
     return (batch for batch in loader if batch is not None)
 
 
-def outputs_of(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def outputs_of(
+    model: nn.Module, images: torch.Tensor, describe: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logits, descriptors or None) of `model` on uint8 `images`: a Deployable's features beside the
     images' statistics (`feature_bank.descriptors`, what the knn score compares), any other's logits."""
     out = model(images)
     logits, features = out if isinstance(out, tuple) else (out, None)
-    if features is None:
+    if features is None or not describe:
         return logits.float(), None
     return logits.float(), torch.from_numpy(descriptors(features.float().numpy(), images.numpy()))
 
 
 @torch.no_grad()
-def collect(model: nn.Module, loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+def collect(
+    model: nn.Module, loader: DataLoader, describe: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(logits [N, C] float32, descriptors [N, D + 72] or None, labels [N]) of `model` (uint8 images in)
-    over `loader`."""
+    over `loader`; `describe=False` leaves the descriptors out (None)."""
     logits, features, labels = [], [], []
     for images, targets in good_batches(loader):
-        batch_logits, batch_features = outputs_of(model, images)
+        batch_logits, batch_features = outputs_of(model, images, describe)
         logits.append(batch_logits)
         features.append(batch_features)
         labels.append(targets.long())
@@ -118,7 +122,7 @@ def collect(model: nn.Module, loader: DataLoader) -> tuple[torch.Tensor, torch.T
 
 def collect_logits(model: nn.Module, loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits [N, C] float32, labels [N]) of `model` (uint8 images in) over `loader`."""
-    logits, _, labels = collect(model, loader)
+    logits, _, labels = collect(model, loader, describe=False)  # no image statistics to compute
     return logits, labels
 
 
