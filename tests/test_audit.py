@@ -7,6 +7,7 @@ import csv
 import hashlib
 import io
 import logging
+import multiprocessing
 import os
 import re
 import shutil
@@ -183,6 +184,22 @@ def test_label_ranking_puts_flipped_labels_first() -> None:
     assert set(issues.ranked[:3].tolist()) == set(flipped.tolist())
     assert [issues.suggested[i] for i in flipped] == [[int(truth[i])] for i in flipped]
     assert issues.quality[flipped].max() < np.delete(issues.quality, flipped).min()
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_label_ranking_forks_no_process_pool(multi_label: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool forked from the audit's threaded process can hang on a copied lock: cleanlab runs in-process."""
+
+    def no_pool(*args: object, **kwargs: object) -> None:
+        raise AssertionError("cleanlab started a process pool")
+
+    monkeypatch.setattr(multiprocessing, "Pool", no_pool)
+    monkeypatch.setattr(multiprocessing.context.BaseContext, "Pool", no_pool)
+    labels = np.repeat(np.arange(3), 20)
+    probs = np.full((60, 3), 0.05)
+    probs[np.arange(60), labels] = 0.9
+    given = np.eye(3, dtype=np.uint8)[labels] if multi_label else labels
+    assert len(find_label_issues(given, probs).quality) == 60
 
 
 def test_label_ranking_multilabel() -> None:

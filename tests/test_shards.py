@@ -114,13 +114,16 @@ def test_the_export_reads_its_images_from_the_shards(shards: Path) -> None:
 
 
 @pytest.mark.slow
-def test_audit_reads_the_images_of_the_shards_as_of_their_folder(shards: Path, workdir: Path) -> None:
+def test_audit_reads_the_images_of_the_shards_as_of_their_folder(
+    shards: Path, workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this audit's temp folder, not another test's
     tiny = [*fast_args(shards)[1:5], "--folds=2", "--epochs=1", "--trainer.enable_progress_bar=false"]
     assert exit_status(audit, f"--data.root={shards}", *tiny, "--name=shards") == 0
     rows = (workdir / "logs" / "shards" / "audit" / "oof_probabilities.csv").read_text().splitlines()[1:]
     assert len(rows) == 72  # every image of every split, as from the folder (48 train + 24 val)
     assert {row.split(",")[0].split("/")[0] for row in rows} == {"train", "val"}
-    assert not list(Path(tempfile.gettempdir()).glob("audit-shards-*"))  # the images' copy is gone
+    assert not list(tmp_path.glob("audit-shards-*"))  # the images' copy is gone
 
 
 @pytest.mark.slow

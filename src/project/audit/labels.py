@@ -24,6 +24,9 @@ def find_label_issues(labels: np.ndarray, probabilities: np.ndarray, threshold: 
     """
     from cleanlab.filter import find_label_issues as cleanlab_issues  # imports scikit-learn: only here
 
+    # n_jobs=1: cleanlab's default forks a process pool from this process, which holds torch's and the
+    # loaders' threads by now; a fork that copies a lock another thread held hangs the audit for good
+    # (seen: a pool worker waiting forever on its queue's lock). Its results do not depend on n_jobs.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # cleanlab warns about classes with few images: the folds said so
         if labels.ndim == 2:
@@ -31,14 +34,16 @@ def find_label_issues(labels: np.ndarray, probabilities: np.ndarray, threshold: 
 
             given = [np.flatnonzero(row).tolist() for row in labels]
             ranked = cleanlab_issues(
-                given, probabilities, multi_label=True, return_indices_ranked_by="self_confidence"
+                given, probabilities, multi_label=True, return_indices_ranked_by="self_confidence", n_jobs=1
             )
             quality = get_label_quality_scores(given, probabilities)
             suggested = [np.flatnonzero(p >= threshold).tolist() for p in probabilities]
         else:
             from cleanlab.rank import get_label_quality_scores
 
-            ranked = cleanlab_issues(labels, probabilities, return_indices_ranked_by="self_confidence")
+            ranked = cleanlab_issues(
+                labels, probabilities, return_indices_ranked_by="self_confidence", n_jobs=1
+            )
             quality = get_label_quality_scores(labels, probabilities, method="self_confidence")
             suggested = [[int(c)] for c in probabilities.argmax(axis=1)]
     return LabelIssues(np.asarray(quality, dtype=np.float64), np.asarray(ranked, dtype=np.int64), suggested)
