@@ -18,10 +18,19 @@ from project.export.checkpoint import Exported, export_checkpoint
 from project.export.deployable import Deployable, load_for_export
 from project.export.options import ExportOptions
 from project.export.targets import TARGETS, Target
-from project.export.verify import ATOL, RTOL, ExportError, validation_images, verification_batches, verify
+from project.export.verify import (
+    ATOL,
+    ROUNDING,
+    RTOL,
+    ExportError,
+    validation_images,
+    verification_batches,
+    verify,
+)
 
 __all__ = [
     "ATOL",
+    "ROUNDING",
     "RTOL",
     "TARGETS",
     "Deployable",

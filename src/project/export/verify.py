@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -21,6 +22,13 @@ from project.export.targets import TARGETS, Runner
 # logits reach ~250 differs by 4.6e-4 to 1.4e-3 (a relative 5.6e-6) with nothing wrong, so a
 # fixed bound refuses sound exports; a wrong weight or normalisation moves logits by far more.
 ATOL, RTOL = 1e-4, 2e-5
+# ... plus ROUNDING x float32's own error on the batch: the PyTorch model in float32 against float64.
+# A barely trained network can be ill-conditioned: BatchNorm running variances near 1e-4 (depthwise
+# layers on grayscale photos) give logits of ~1,000 on the random batch with large cancellations, and
+# float32 then differs from the exact result by more than RTOL x max |logit| on any graph. An export
+# folds BatchNorm into the convolutions, so its rounding is not PyTorch's: on 40 batch-outputs of five
+# such mobilenet_v3_small checkpoints, its error was 0.5 to 5.9 times PyTorch's (docs/reliability.md).
+ROUNDING = 10.0
 
 
 class ExportError(UserError):
@@ -82,27 +90,30 @@ def compare(model: nn.Module, runners: Mapping[str, Runner], batches: dict[str, 
     target that failed)."""
     report: dict[str, dict] = {}
     failures, fixes = [], []
+    exact = _float64(model)
     for name, batch in batches.items():
-        with torch.no_grad():
-            expected = Outputs(*(None if t is None else t.numpy() for t in _outputs(model, batch)))
+        expected = _numpy(model, batch)
+        error = _float32_error(expected, exact, batch)
         for target, run in runners.items():
             runtime = TARGETS[target].runtime
             outputs = run(batch.numpy())
-            result, problems = _agree(expected, outputs)
+            result, problems = _agree(expected, outputs, error)
             report.setdefault(runtime, {})[name] = result
             if problems:
                 fixes.append(TARGETS[target].fix)
                 failures.append(f"{runtime} on {name}: {'; '.join(problems)}")
     if failures:
         raise ExportError(
-            f"Export verification failed ({'; '.join(failures)}; bound {ATOL:g} + {RTOL:g} x max |value|); "
-            "no file was kept.",
+            f"Export verification failed ({'; '.join(failures)}; bound {ATOL:g} + {RTOL:g} x max |value| "
+            f"+ {ROUNDING:g} x float32's own error); no file was kept.",
             fixes[0],
         )
     tolerance = {
         "atol": ATOL,
         "rtol": RTOL,
-        "rule": "max |diff| <= atol + rtol * max |value|, per batch and output",
+        "rounding": ROUNDING,
+        "rule": "max |diff| <= atol + rtol * max |value| + rounding * max |PyTorch float32 - float64|, "
+        "per batch and output",
     }
     return {"passed": True, "tolerance": tolerance, "batches": list(batches), "results": report}
 
@@ -112,27 +123,68 @@ def _outputs(model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, torch
     return out if isinstance(out, tuple) else (out, None)
 
 
-def _agree(expected: Outputs, got: Outputs) -> tuple[dict, list[str]]:
-    """The comparison of one batch's outputs (logits: also the top-1), and what disagrees."""
+def _numpy(model: nn.Module, batch: torch.Tensor) -> Outputs:
+    with torch.no_grad():
+        return Outputs(*(None if t is None else t.double().numpy() for t in _outputs(model, batch)))
+
+
+def _float64(model: nn.Module) -> nn.Module | None:
+    """A float64 copy of `model`, or None where it has none (then float32's own error counts as 0)."""
+    try:
+        return copy.deepcopy(model).double()
+    except (RuntimeError, TypeError):  # a module that cannot be copied or cast
+        return None
+
+
+def _float32_error(expected: Outputs, exact: nn.Module | None, batch: torch.Tensor) -> Outputs:
+    """max |float32 - float64| of each output on `batch` (0 where the float64 model does not run)."""
+    try:
+        reference = None if exact is None else _numpy(exact, batch)
+    except RuntimeError:  # an operator without a float64 kernel
+        reference = None
+    if reference is None:
+        return Outputs(np.zeros(()), None if expected.features is None else np.zeros(()))
+    logits = np.abs(expected.logits - reference.logits).max()
+    features = None if expected.features is None else np.abs(expected.features - reference.features).max()
+    return Outputs(logits, features)
+
+
+def _agree(expected: Outputs, got: Outputs, error: Outputs) -> tuple[dict, list[str]]:
+    """The comparison of one batch's outputs (logits: also the top-1, up to ties within the bound), and
+    what disagrees; `error` is float32's own error on each."""
     scale = float(np.abs(expected.logits).max())
-    bound = ATOL + RTOL * scale
+    own = float(error.logits)
+    bound = ATOL + RTOL * scale + ROUNDING * own
     diff = float(np.abs(got.logits - expected.logits).max())
-    same_top1 = bool((got.logits.argmax(1) == expected.logits.argmax(1)).all())
-    result = {"max_abs_diff": diff, "max_abs_logit": scale, "bound": bound, "top1_equal": same_top1}
+    # the same top-1, or a class tied with it within the bound
+    picked = np.take_along_axis(expected.logits, got.logits.argmax(1)[:, None], axis=1)[:, 0]
+    same_top1 = bool((picked >= expected.logits.max(1) - bound).all())
+    result = {
+        "max_abs_diff": diff,
+        "max_abs_logit": scale,
+        "float32_error": own,
+        "bound": bound,
+        "top1_equal": same_top1,
+    }
     problems = []
     if not (diff <= bound and same_top1):
         problems.append(
-            f"max |logit diff| {diff:.2e} (bound {bound:.2e} for logits up to {scale:.3g}), "
-            f"top-1 equal: {same_top1}"
+            f"max |logit diff| {diff:.2e} (bound {bound:.2e} for logits up to {scale:.3g}, "
+            f"float32's own error {own:.1e}), top-1 equal: {same_top1}"
         )
     if expected.features is not None:
         if got.features is None or got.features.shape != expected.features.shape:
             problems.append("no features output of the expected shape")
             return result, problems
         scale = float(np.abs(expected.features).max())
-        feature_bound = ATOL + RTOL * scale
+        own = float(error.features)
+        feature_bound = ATOL + RTOL * scale + ROUNDING * own
         feature_diff = float(np.abs(got.features - expected.features).max())
-        result |= {"features_max_abs_diff": feature_diff, "features_bound": feature_bound}
+        result |= {
+            "features_max_abs_diff": feature_diff,
+            "features_float32_error": own,
+            "features_bound": feature_bound,
+        }
         if not feature_diff <= feature_bound:
             problems.append(f"max |feature diff| {feature_diff:.2e} (bound {feature_bound:.2e})")
     return result, problems
