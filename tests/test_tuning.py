@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from project.tuning import checked_suggestion, fit_command, lr_plot, no_temporary_files
+from project.tuning import SKIP_BEGIN, checked_suggestion, debiased, fit_command, lr_plot, no_temporary_files
 from tests.helpers import fast_args, run_cli, tiny_trainer
 
 QUIET = (
@@ -108,7 +108,52 @@ def test_a_suggestion_past_the_loss_minimum_falls_back_to_a_tenth_of_it() -> Non
 def test_a_loss_that_only_rises_falls_back_to_the_smallest_rate_tried() -> None:
     losses = [1.0 + 0.1 * k for k in range(len(LRS))]
     lr, warning = checked_suggestion(LRS, losses, LRS[12])
-    assert lr == LRS[0] and warning is not None and "it rose from the first rate tried" in warning
+    assert lr == LRS[0] and warning is not None and "it rose from the first rates tried" in warning
+
+
+def lightnings_curve(raw: list[float], beta: float = 0.98) -> list[float]:
+    """What Lightning's _LRCallback records for batch losses `raw` (global_step counts the step taken)."""
+    recorded, average = [], 0.0
+    for step, loss in enumerate(raw, start=1):
+        average = beta * average + (1 - beta) * loss
+        recorded.append(average / (1 - beta ** (step + 1)))
+    return recorded
+
+
+def test_a_curve_that_hardly_falls_says_the_rate_is_a_guess() -> None:
+    losses = [1.795 - 0.015 * k / 24 for k in range(25)]  # a steady 0.8% fall, 0.7% past the first steps
+    lr, warning = checked_suggestion(LRS, losses, LRS[12])
+    assert lr == LRS[12] and warning is not None
+    assert warning.startswith(
+        "The loss fell by only 0.7% over the range (1.79 to 1.78): 25 steps are too few"
+    )
+
+
+def test_the_recorded_curve_is_debiased_to_the_batch_losses_average() -> None:
+    recorded = lightnings_curve([2.0] * 60)
+    assert recorded[0] == pytest.approx(2.0 / 1.98) and recorded[5] < 1.75  # a flat loss seen rising
+    assert debiased(recorded) == pytest.approx([2.0] * 60)
+    assert debiased([float("nan"), *recorded])[1:] == pytest.approx([2.0] * 60)
+
+
+def test_a_model_that_learns_late_is_told_a_rate_on_its_descent() -> None:
+    """A tiny timm model's range test: its batch losses drift up with noise until the rates near 1e-3,
+    then fall. As Lightning records them, the curve's lowest point was its first (half the first batch's
+    loss), and 1e-6, the first rate tried, was suggested; debiased, a steep point before the rise was."""
+    lrs = np.geomspace(1e-6, 1.0, 100)
+    x = np.log10(lrs)
+    raw = 2.2 + 0.25 / (1 + np.exp(-3 * (x + 4.5))) + 0.03 * np.sin(12 * x)  # drift and noise
+    raw += -0.7 / (1 + np.exp(-4 * (x + 2.5))) + 0.8 * np.maximum(x + 1.5, 0) ** 2  # learns, then diverges
+    recorded = lightnings_curve(raw.tolist())
+    assert int(np.argmin(recorded)) == 0
+    losses = debiased(recorded)
+    minimum = int(np.argmin(losses))
+    before = float(lrs[SKIP_BEGIN])  # the steepest point before the loss's rise, on the debiased curve
+    lr, warning = checked_suggestion(lrs.tolist(), losses, before)
+    assert lr == pytest.approx(lrs[minimum] / 10) and 1e-3 < lr < 0.1
+    assert warning is not None and "lies before the loss's descent to its minimum" in warning
+    on_the_descent = float(lrs[SKIP_BEGIN + np.argmin(np.gradient(losses[SKIP_BEGIN:-1]))])  # Lightning's
+    assert checked_suggestion(lrs.tolist(), losses, on_the_descent) == (on_the_descent, None)
 
 
 def test_the_lr_plot_is_drawn_as_plain_text_whatever_the_matplotlibrc() -> None:
@@ -140,3 +185,23 @@ def test_the_lr_plot_marks_the_rate_the_command_prints() -> None:
     assert [float(line.get_xdata()[0]) for line in marked] == [printed]
     assert figure.axes[0].get_title() == f"Suggested learning rate {printed:.1e}"
     plt.close(figure)
+
+
+def test_the_lr_plots_ticks_are_plain_numbers() -> None:
+    """Drawn as plain text, matplotlib's log-axis labels showed their mathtext source under the plot."""
+    import matplotlib.pyplot as plt
+    from lightning.pytorch.tuner.lr_finder import _LRFinder
+
+    from project.figures import plain_text
+    from project.tuning import lr_figure
+
+    finder = _LRFinder(mode="exponential", lr_min=1e-6, lr_max=1.0, num_training=20)
+    lrs = np.geomspace(1e-6, 1.0, 20)
+    finder.results = {"lr": lrs.tolist(), "loss": (2 - np.tanh(np.log10(lrs) + 3)).tolist()}
+    with plain_text():
+        figure = lr_figure(finder, float(lrs[4]))
+        figure.canvas.draw()
+        labels = [label.get_text() for label in figure.axes[0].get_xticklabels() if label.get_text()]
+    plt.close(figure)
+    labels = [label.replace("\N{MINUS SIGN}", "-") for label in labels]
+    assert {"1e-06", "1e-03", "1"} <= set(labels) and not [label for label in labels if "$" in label]

@@ -33,6 +33,19 @@ MAX_LOGGED_COUNTS = 200
 plain_text = partial(rc_context, {"text.parse_math": False, "text.usetex": False})
 
 
+def plain_ticks(figure: Figure) -> Figure:
+    """`figure` with its log-scaled axes labelled `1e-06`, `1e-05`, ...: matplotlib's own log labels are
+    mathtext (`$\\mathdefault{10^{-6}}$`), which `plain_text()` would print as that source."""
+    from matplotlib.ticker import LogFormatter, NullFormatter
+
+    for axes in figure.axes:
+        for axis in (axes.xaxis, axes.yaxis):
+            if axis.get_scale() == "log":
+                axis.set_major_formatter(LogFormatter())
+                axis.set_minor_formatter(NullFormatter())
+    return figure
+
+
 def to_rgb(figure: Figure) -> np.ndarray:
     """Render a figure to a uint8 RGB array [H, W, 3]."""
     canvas = FigureCanvasAgg(figure)

@@ -95,7 +95,7 @@ def write_pictures(study: optuna.Study, folder: Path) -> list[str]:
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as plots
 
-    from project.figures import plain_text
+    from project.figures import plain_text, plain_ticks
 
     notes = []
     for name in PICTURES:
@@ -107,7 +107,7 @@ def write_pictures(study: optuna.Study, folder: Path) -> list[str]:
         with plain_text(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ExperimentalWarning, on every call
             axes = getattr(plots, f"plot_{name}")(study)
-            figure = getattr(axes, "figure", None) or axes.flat[0].figure
+            figure = plain_ticks(getattr(axes, "figure", None) or axes.flat[0].figure)
             image = io.BytesIO()
             figure.savefig(image, format="png", bbox_inches="tight")
         plt.close(figure)
