@@ -130,6 +130,15 @@ def test_space_keys_are_checked_against_fit(tmp_path: Path, shapes_root: Path) -
         command.check_space_keys(parsed, options)
 
 
+def test_a_mistake_in_fits_options_creates_no_study(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = sweep_config(workdir)
+    assert exit_status(command.main, "--config", str(config), "--data.batch_size=abc") == 2
+    assert "--data.batch_size=abc is not an integer" in capsys.readouterr().err
+    assert not (workdir / "logs").exists()  # no logs/tiny/study.db
+
+
 def test_unreachable_storage_is_one_message(tmp_path: Path) -> None:
     config = sweep_config(tmp_path, storage="postgresql://user:secret@127.0.0.1:1/none")
     with pytest.raises(

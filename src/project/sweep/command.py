@@ -389,9 +389,11 @@ def main(argv: list[str]) -> None:
         return
     try:
         command = parse_argv(list(argv))
+        # fit's own check of its options first: a mistake there leaves no study behind
+        options = None if command.summary else fit_options(command.fit_args)
         study = open_study(command.sweep, create=not command.summary)
-        if not command.summary:
-            check_space_keys(command, fit_options(command.fit_args))
+        if options is not None:
+            check_space_keys(command, options)
             check_run_folders(study, command.sweep)
             Sweeper(command, study).run()
         summarize(study, command)
