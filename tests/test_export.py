@@ -338,6 +338,20 @@ def test_verification_allows_float32s_own_error_and_still_catches_defects(tmp_pa
         verify(model, {"onnx": tmp_path / "wrong.onnx"}, batches)
 
 
+def test_a_top1_tied_within_the_bound_agrees_and_an_unmeasured_error_is_recorded_as_null() -> None:
+    from project.deploy.calibration import Outputs
+    from project.export.verify import _agree
+
+    expected = Outputs(np.array([[1.0, 1.00001, -3.0], [5.0, 0.0, 1.0]]))
+    tied = Outputs(np.array([[1.00002, 1.00001, -3.0], [5.0, 0.0, 1.0]]))  # class 0 by 1e-5: a tie
+    result, problems = _agree(expected, tied, Outputs(np.array(0.0)))
+    assert problems == [] and result["top1_equal"] is True
+    apart = Outputs(np.array([[1.0, 1.5, -3.0], [5.0, 0.0, 1.0]]))
+    result, problems = _agree(apart, Outputs(np.array([[1.6, 1.5, -3.0], [5.0, 0.0, 1.0]])), None)
+    assert result["top1_equal"] is False and result["float32_error"] is None
+    assert problems and "float32's own error not measured" in problems[0]
+
+
 @pytest.mark.slow
 def test_calibration_refuses_to_flatten_a_near_chance_model(
     trained: Path, shapes_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from project.tuning import SKIP_BEGIN, checked_suggestion, debiased, fit_command, lr_plot, no_temporary_files
+from project.tuning import SKIP_BEGIN, debiased, fit_command, lr_plot, no_temporary_files, suggested_rate
 from tests.helpers import fast_args, run_cli, tiny_trainer
 
 QUIET = (
@@ -91,41 +91,51 @@ def test_fit_command_replaces_the_option_it_sets() -> None:
 LRS = [10 ** (-6 + k / 4) for k in range(25)]  # 1e-6 ... 1, as the range test spaces them
 
 
-def test_a_suggestion_on_the_falling_part_of_the_curve_stands() -> None:
-    losses = [2.0] * 8 + [2.0 - 0.2 * k for k in range(1, 9)] + [0.4 + 0.3 * k for k in range(1, 10)]
-    assert checked_suggestion(LRS, losses, LRS[10]) == (LRS[10], None)
+def test_the_rate_is_the_steepest_point_of_the_descent_to_the_minimum() -> None:
+    losses = [2.0] * 8 + [1.9, 1.6, 1.2, 1.0, 0.9, 0.85] + [1.0 + 0.4 * k for k in range(11)]
+    # falls fastest around step 9; the rise past the minimum (step 13) is steeper, and not taken
+    assert suggested_rate(LRS, losses) == (LRS[9], None)
 
 
-def test_a_suggestion_past_the_loss_minimum_falls_back_to_a_tenth_of_it() -> None:
-    """The steepest point of a curve that is already rising (a real run's suggestion landed there)."""
-    losses = [2.0 - 0.1 * k for k in range(10)] + [1.1 + 0.05 * k**2 for k in range(1, 16)]
-    lr, warning = checked_suggestion(LRS, losses, LRS[20])
-    assert lr == pytest.approx(LRS[9] / 10)
-    assert warning is not None and "lies where the loss no longer falls" in warning
-    assert f"its minimum is at {LRS[9]:.1e}" in warning and f"{LRS[9] / 10:.1e}, instead" in warning
+def test_a_descent_too_short_to_read_falls_back_to_a_tenth_of_the_minimum() -> None:
+    losses = [2.0 + 0.01 * k for k in range(10)] + [1.0] + [1.1 + 0.2 * k for k in range(14)]
+    lr, warning = suggested_rate(LRS, losses)
+    assert lr == pytest.approx(LRS[10] / 10)
+    assert warning is not None and f"minimum at {LRS[10]:.1e} is too short" in warning
 
 
 def test_a_loss_that_only_rises_falls_back_to_the_smallest_rate_tried() -> None:
     losses = [1.0 + 0.1 * k for k in range(len(LRS))]
-    lr, warning = checked_suggestion(LRS, losses, LRS[12])
-    assert lr == LRS[0] and warning is not None and "it rose from the first rates tried" in warning
+    lr, warning = suggested_rate(LRS, losses)
+    assert lr == LRS[0] and warning is not None and "the loss rose from the first rates tried" in warning
+
+
+def test_a_curve_that_turns_nan_early_still_gets_a_rate() -> None:
+    lrs = np.geomspace(1e-6, 1.0, 100).tolist()
+    losses = [2.0 - 0.01 * k for k in range(15)] + [float("nan")] * 85  # a NaN loss: every later average
+    lr, _ = suggested_rate(lrs, losses)
+    assert lrs[0] <= lr <= lrs[14]
 
 
 def lightnings_curve(raw: list[float], beta: float = 0.98) -> list[float]:
-    """What Lightning's _LRCallback records for batch losses `raw` (global_step counts the step taken)."""
+    """What Lightning's _LRCallback records for batch losses `raw` (global_step counts the step taken,
+    NaN too: a step whose training_step gave no loss, recorded as NaN and left out of the average)."""
     recorded, average = [], 0.0
     for step, loss in enumerate(raw, start=1):
+        if np.isnan(loss):
+            recorded.append(loss)
+            continue
         average = beta * average + (1 - beta) * loss
         recorded.append(average / (1 - beta ** (step + 1)))
     return recorded
 
 
 def test_a_curve_that_hardly_falls_says_the_rate_is_a_guess() -> None:
-    losses = [1.795 - 0.015 * k / 24 for k in range(25)]  # a steady 0.8% fall, 0.7% past the first steps
-    lr, warning = checked_suggestion(LRS, losses, LRS[12])
-    assert lr == LRS[12] and warning is not None
+    losses = [1.795 - 0.015 * k / 24 for k in range(25)]  # a steady fall of 0.8%, 0.7% past the first steps
+    lr, warning = suggested_rate(LRS, losses)
+    assert LRS[5] <= lr < LRS[24] and warning is not None
     assert warning.startswith(
-        "The loss fell by only 0.7% over the range (1.79 to 1.78): 25 steps are too few"
+        "The loss fell by only 0.7% on its way to its minimum (1.79 to 1.78 past the first 5"
     )
 
 
@@ -133,13 +143,15 @@ def test_the_recorded_curve_is_debiased_to_the_batch_losses_average() -> None:
     recorded = lightnings_curve([2.0] * 60)
     assert recorded[0] == pytest.approx(2.0 / 1.98) and recorded[5] < 1.75  # a flat loss seen rising
     assert debiased(recorded) == pytest.approx([2.0] * 60)
-    assert debiased([float("nan"), *recorded])[1:] == pytest.approx([2.0] * 60)
+    with_nan = debiased(lightnings_curve([float("nan"), 2.0, float("nan"), *[2.0] * 30]))
+    assert np.isnan(with_nan[0]) and np.isnan(with_nan[2])
+    assert [with_nan[1], *with_nan[3:]] == pytest.approx([2.0] * 31)
 
 
 def test_a_model_that_learns_late_is_told_a_rate_on_its_descent() -> None:
     """A tiny timm model's range test: its batch losses drift up with noise until the rates near 1e-3,
     then fall. As Lightning records them, the curve's lowest point was its first (half the first batch's
-    loss), and 1e-6, the first rate tried, was suggested; debiased, a steep point before the rise was."""
+    loss), and 1e-6, the first rate tried, was suggested."""
     lrs = np.geomspace(1e-6, 1.0, 100)
     x = np.log10(lrs)
     raw = 2.2 + 0.25 / (1 + np.exp(-3 * (x + 4.5))) + 0.03 * np.sin(12 * x)  # drift and noise
@@ -147,13 +159,9 @@ def test_a_model_that_learns_late_is_told_a_rate_on_its_descent() -> None:
     recorded = lightnings_curve(raw.tolist())
     assert int(np.argmin(recorded)) == 0
     losses = debiased(recorded)
-    minimum = int(np.argmin(losses))
-    before = float(lrs[SKIP_BEGIN])  # the steepest point before the loss's rise, on the debiased curve
-    lr, warning = checked_suggestion(lrs.tolist(), losses, before)
-    assert lr == pytest.approx(lrs[minimum] / 10) and 1e-3 < lr < 0.1
-    assert warning is not None and "lies before the loss's descent to its minimum" in warning
-    on_the_descent = float(lrs[SKIP_BEGIN + np.argmin(np.gradient(losses[SKIP_BEGIN:-1]))])  # Lightning's
-    assert checked_suggestion(lrs.tolist(), losses, on_the_descent) == (on_the_descent, None)
+    lr, warning = suggested_rate(lrs.tolist(), losses)
+    peak, minimum = int(np.argmax(losses[SKIP_BEGIN:80])) + SKIP_BEGIN, int(np.argmin(losses))
+    assert lrs[peak] < lr < lrs[minimum] and 1e-3 < lr < 0.1 and warning is None
 
 
 def test_the_lr_plot_is_drawn_as_plain_text_whatever_the_matplotlibrc() -> None:
@@ -170,7 +178,7 @@ def test_the_lr_plot_is_drawn_as_plain_text_whatever_the_matplotlibrc() -> None:
 
 
 def test_the_lr_plot_marks_the_rate_the_command_prints() -> None:
-    """Where checked_suggestion moved Lightning's suggestion, the plot marks the rate printed."""
+    """The plot marks the rate printed, not Lightning's own pick."""
     import matplotlib.pyplot as plt
     from lightning.pytorch.tuner.lr_finder import _LRFinder
 
@@ -203,5 +211,5 @@ def test_the_lr_plots_ticks_are_plain_numbers() -> None:
         figure.canvas.draw()
         labels = [label.get_text() for label in figure.axes[0].get_xticklabels() if label.get_text()]
     plt.close(figure)
-    labels = [label.replace("\N{MINUS SIGN}", "-") for label in labels]
+    labels = [label.replace("\N{MINUS SIGN}", "-") for label in labels]  # matplotlib's minus sign
     assert {"1e-06", "1e-03", "1"} <= set(labels) and not [label for label in labels if "$" in label]

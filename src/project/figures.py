@@ -34,15 +34,16 @@ plain_text = partial(rc_context, {"text.parse_math": False, "text.usetex": False
 
 
 def plain_ticks(figure: Figure) -> Figure:
-    """`figure` with its log-scaled axes labelled `1e-06`, `1e-05`, ...: matplotlib's own log labels are
-    mathtext (`$\\mathdefault{10^{-6}}$`), which `plain_text()` would print as that source."""
-    from matplotlib.ticker import LogFormatter, NullFormatter
+    """`figure` with its log-scaled axes labelled 1e-06, 1e-05, ... (with matplotlib's minus sign; minor
+    ticks too, on an axis of less than a decade): matplotlib's own log labels are mathtext
+    (`$\\mathdefault{10^{-6}}$`), which `plain_text()` would print as that source."""
+    from matplotlib.ticker import LogFormatter
 
     for axes in figure.axes:
         for axis in (axes.xaxis, axes.yaxis):
             if axis.get_scale() == "log":
                 axis.set_major_formatter(LogFormatter())
-                axis.set_minor_formatter(NullFormatter())
+                axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
     return figure
 
 

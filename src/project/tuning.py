@@ -61,7 +61,9 @@ def find_lr(
             "the loss diverged at once or the data has too few batches.",
             "raise --num_training, lower --min_lr, or use a smaller --data.batch_size.",
         )
-    suggestion, warning = checked_suggestion(finder.results["lr"], finder.results["loss"], suggestion)
+    # Lightning's own pick (the steepest fall against the linear rate) lands where the rates are smallest,
+    # on batch noise: it only tells that the curve is long enough; the rate is the descent's steepest point
+    suggestion, warning = suggested_rate(finder.results["lr"], finder.results["loss"])
     if warning is not None:
         print(f"Warning: {warning}")
     png = folder / PLOT
@@ -88,8 +90,8 @@ def lr_plot(finder: _LRFinder, suggestion: float) -> bytes:
 
 
 def lr_figure(finder: _LRFinder, suggestion: float) -> Any:
-    """The finder's curve with the rate the command prints marked (where checked_suggestion moved it,
-    Lightning's own mark would point elsewhere)."""
+    """The finder's curve with the rate the command prints marked (Lightning's own mark would point to its
+    own pick)."""
     from project.figures import plain_ticks
 
     figure = plain_ticks(finder.plot(suggest=False))
@@ -107,74 +109,76 @@ SMOOTHING = 0.98  # the beta of Lightning's _LRCallback, whose smoothed losses `
 def debiased(losses: list[float], beta: float = SMOOTHING) -> list[float]:
     """The range test's smoothed losses with the start-up bias taken out.
 
-    Lightning records avg / (1 - beta^(step + 1)) after the optimizer step, when `step` (global_step)
-    already counts it: the k-th loss (k from 1) is divided by 1 - beta^(k + 1) where its average holds
-    1 - beta^k of the weight. Its first point is half the first batch's loss (x 1 / (1 + beta)), and the
-    curve climbs from there for some 50 steps at rates that change nothing (Lightning's issue 14167): a
-    model that had not learnt yet got 1e-6, the first rate tried, suggested. Here each k-th loss is
-    multiplied by (1 - beta^(k + 1)) / (1 - beta^k); NaN entries (no loss: no step) are kept as they are.
+    Lightning keeps avg = beta x avg + (1 - beta) x loss and records avg / (1 - beta^(step + 1)) after the
+    optimizer step, when `step` (global_step) already counts it: entry i (from 0) is divided by
+    1 - beta^(i + 2) where its average holds 1 - beta^k of the weight, k being the losses averaged so far.
+    Its first point is half the first batch's loss (x 1 / (1 + beta)), and the curve climbs from there
+    for some 50 steps at rates that change nothing: a model that had not learnt yet got 1e-6, the first
+    rate tried, suggested. Here entry i is multiplied by (1 - beta^(i + 2)) / (1 - beta^k). A NaN entry
+    (a step whose training_step gave no loss) still counts a step and adds nothing to the average.
+    Each entry is one optimizer step: with --trainer.accumulate_grad_batches, an epoch whose batches are
+    not a multiple of it steps once more than it records, and the correction is then slightly off.
     """
     out, k = [], 0
-    for loss in losses:
+    for i, loss in enumerate(losses):
         if math.isnan(loss):
             out.append(loss)
             continue
         k += 1
-        out.append(loss * (1 - beta ** (k + 1)) / (1 - beta**k))
+        out.append(loss * (1 - beta ** (i + 2)) / (1 - beta**k))
     return out
 
 
 # the first steps of the curve left out when looking for the loss's descent and its minimum (at most a
 # fifth of the curve): there the debiased average holds fewer than 20 batches, and their spread (on the
-# shapes, a batch's loss varies by +-0.3) makes falls as steep as a model's real one (Lightning skips 10)
+# shapes, a batch's loss varies by +-0.3) makes falls as steep as a model's real one
 SKIP_BEGIN = 20
-# a descent smaller than this share of the loss is no descent: bare `lr_find` on the shapes fell 0.8%
-# (1.795 to 1.78) in 100 steps, and the rate it then suggested (2.6e-4) trained to val/acc 0.60 in the
-# default 4 epochs, where the config's 2e-3 reaches 0.98
+# a descent smaller than this share of the loss is no descent: bare `lr_find` on the shapes falls by 0.7%
+# (1.79 to 1.78) past its first steps, and a rate read from such a curve is noise (a tenth of its
+# minimum's rate, 2.6e-4, trained to val/acc 0.60 in the default 4 epochs, where 2e-3 reaches 0.98)
 FLAT_FALL = 0.05
 
 
-def checked_suggestion(lrs: list[float], losses: list[float], suggestion: float) -> tuple[float, str | None]:
-    """Lightning's suggestion (the steepest fall of the smoothed loss) if it lies on the loss's descent to
-    its minimum; else a tenth of the learning rate at the minimum, and why.
+def suggested_rate(lrs: list[float], losses: list[float]) -> tuple[float, str | None]:
+    """The rate where the (debiased) loss falls fastest against log(rate) on its descent to its minimum,
+    and a warning where the curve gives no such descent.
 
-    On a short or noisy range test the steepest point can land past the minimum, on the rising part of
-    the curve, where training diverges, or on a wiggle of batch noise at rates too small to change
-    anything, with the loss rising again before its real descent; a tenth of the minimum's rate is the
-    usual rule of thumb. The descent runs from the highest point before the minimum to the minimum,
-    both looked for past the first SKIP_BEGIN steps.
+    The descent runs from the highest point before the minimum to the minimum, both looked for past the
+    first SKIP_BEGIN steps: the steepest point anywhere else is a wiggle of batch noise at rates too
+    small to change anything, or the rise past the minimum, where training diverges. A descent of fewer
+    than 3 points has no steepest point to read: then a tenth of the minimum's rate, the usual rule of
+    thumb (the smallest rate tried where the loss only rose).
     """
-    loss = np.asarray(losses, dtype=float)
-    at = int(np.argmin(np.abs(np.log(np.asarray(lrs)) - math.log(suggestion))))
-    start = min(SKIP_BEGIN, len(loss) // 5)
+    loss, rates = np.asarray(losses, dtype=float), np.asarray(lrs, dtype=float)
+    finite = np.flatnonzero(np.isfinite(loss))  # a NaN loss makes every later average NaN
+    start = min(SKIP_BEGIN, len(loss) // 5, int(finite[-1]))
     best = start + int(np.nanargmin(loss[start:]))
     peak = start + int(np.nanargmax(loss[start : best + 1]))
     fall = (loss[peak] - loss[best]) / abs(loss[peak])
     flat = (
-        f" The loss fell by only {fall:.1%} over the range ({loss[peak]:.3g} to {loss[best]:.3g}): "
-        f"{len(loss)} steps are too few to show where this model learns, so the rate is a guess; raise "
-        "--num_training, or keep the config's rate."
-        if fall < FLAT_FALL
-        else ""
+        f"The loss fell by only {fall:.1%} on its way to its minimum ({loss[peak]:.3g} to {loss[best]:.3g} "
+        f"past the first {start} steps): {len(loss)} steps are too few to show where this model learns, so "
+        "the rate is a guess; raise --num_training, or keep the config's rate."
     )
-    if peak <= at < best and loss[min(at + 1, len(loss) - 1)] < loss[at]:
-        return suggestion, flat.strip() or None
-    fallback = max(lrs[best] / 10, lrs[0]) if best > start else lrs[0]  # not below the range tried
+    if best - peak >= 2:
+        # the fall over a window of +-w steps (a twentieth of the curve: 0.3 decades of 100 steps over 6)
+        # against log(rate), so that one batch's wiggle is not the steepest point
+        w = max(1, len(loss) // 20)
+        at = np.arange(peak, best + 1)
+        lo, hi = np.maximum(at - w, peak), np.minimum(at + w, best)
+        slope = (loss[hi] - loss[lo]) / np.maximum(np.log(rates[hi]) - np.log(rates[lo]), 1e-12)
+        steepest = peak + int(np.nanargmin(slope))
+        return float(rates[steepest]), flat if fall < FLAT_FALL else None
     if best == start:
-        where = (
-            f"it rose from the first rates tried); using the smallest rate, {fallback:.1e}, instead, "
-            "and a lower --min_lr would show where it falls"
+        return float(rates[0]), (
+            f"the loss rose from the first rates tried: using the smallest rate, {rates[0]:.1e}; a lower "
+            "--min_lr would show where it falls. Check the plot."
         )
-    else:
-        where = f"its minimum is at {lrs[best]:.1e}); using a tenth of that, {fallback:.1e}, instead"
-    said = (
-        f"lies before the loss's descent to its minimum, which starts at {lrs[peak]:.1e} ("
-        if at < peak
-        else "lies where the loss no longer falls ("
-    )
+    fallback = max(float(rates[best]) / 10, float(rates[0]))  # not below the range tried
     return fallback, (
-        f"the finder's suggestion {suggestion:.1e} {said}{where}. Check the plot, and rerun with a larger "
-        f"--num_training for a smoother curve.{flat}"
+        f"the loss's descent to its minimum at {rates[best]:.1e} is too short to read its steepest point: "
+        f"using a tenth of that rate, {fallback:.1e}. Check the plot, and rerun with a larger --num_training "
+        "for a smoother curve."
     )
 
 

@@ -136,24 +136,25 @@ def _float64(model: nn.Module) -> nn.Module | None:
         return None
 
 
-def _float32_error(expected: Outputs, exact: nn.Module | None, batch: torch.Tensor) -> Outputs:
-    """max |float32 - float64| of each output on `batch` (0 where the float64 model does not run)."""
+def _float32_error(expected: Outputs, exact: nn.Module | None, batch: torch.Tensor) -> Outputs | None:
+    """max |float32 - float64| of each output on `batch`; None where the float64 model does not run."""
     try:
         reference = None if exact is None else _numpy(exact, batch)
     except RuntimeError:  # an operator without a float64 kernel
         reference = None
     if reference is None:
-        return Outputs(np.zeros(()), None if expected.features is None else np.zeros(()))
+        return None
     logits = np.abs(expected.logits - reference.logits).max()
     features = None if expected.features is None else np.abs(expected.features - reference.features).max()
     return Outputs(logits, features)
 
 
-def _agree(expected: Outputs, got: Outputs, error: Outputs) -> tuple[dict, list[str]]:
+def _agree(expected: Outputs, got: Outputs, error: Outputs | None) -> tuple[dict, list[str]]:
     """The comparison of one batch's outputs (logits: also the top-1, up to ties within the bound), and
-    what disagrees; `error` is float32's own error on each."""
+    what disagrees; `error` is float32's own error on each (None: not measured, counted as 0 and
+    recorded as null)."""
     scale = float(np.abs(expected.logits).max())
-    own = float(error.logits)
+    own = 0.0 if error is None else float(error.logits)
     bound = ATOL + RTOL * scale + ROUNDING * own
     diff = float(np.abs(got.logits - expected.logits).max())
     # the same top-1, or a class tied with it within the bound
@@ -162,7 +163,7 @@ def _agree(expected: Outputs, got: Outputs, error: Outputs) -> tuple[dict, list[
     result = {
         "max_abs_diff": diff,
         "max_abs_logit": scale,
-        "float32_error": own,
+        "float32_error": None if error is None else own,
         "bound": bound,
         "top1_equal": same_top1,
     }
@@ -170,19 +171,20 @@ def _agree(expected: Outputs, got: Outputs, error: Outputs) -> tuple[dict, list[
     if not (diff <= bound and same_top1):
         problems.append(
             f"max |logit diff| {diff:.2e} (bound {bound:.2e} for logits up to {scale:.3g}, "
-            f"float32's own error {own:.1e}), top-1 equal: {same_top1}"
+            f"float32's own error {'not measured' if error is None else f'{own:.1e}'}), "
+            f"top-1 equal: {same_top1}"
         )
     if expected.features is not None:
         if got.features is None or got.features.shape != expected.features.shape:
             problems.append("no features output of the expected shape")
             return result, problems
         scale = float(np.abs(expected.features).max())
-        own = float(error.features)
+        own = 0.0 if error is None else float(error.features)
         feature_bound = ATOL + RTOL * scale + ROUNDING * own
         feature_diff = float(np.abs(got.features - expected.features).max())
         result |= {
             "features_max_abs_diff": feature_diff,
-            "features_float32_error": own,
+            "features_float32_error": None if error is None else own,
             "features_bound": feature_bound,
         }
         if not feature_diff <= feature_bound:
