@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import yaml
 
 from project.__main__ import COMMANDS as DISPATCHED
 from project.cli import ProjectCLI
+from tests.helpers import fast_args
 
 pytestmark = pytest.mark.slow
 
@@ -190,3 +192,56 @@ def test_the_readme_preset_paths_work_from_another_folder(installed: Path, elsew
     )
     assert done.returncode == 0, done.stderr
     assert yaml.safe_load(done.stdout)["trainer"]["fast_dev_run"] == 5
+
+
+# the module each optional package of pyproject's extras is imported as (a new extra adds its rows)
+EXTRA_MODULES = {
+    "psycopg2-binary": "psycopg2",
+    "cleanlab": "cleanlab",
+    "grad-cam": "pytorch_grad_cam",
+    "openvino": "openvino",
+    "timm": "timm",
+    "huggingface_hub": "huggingface_hub",
+    "safetensors": "safetensors",
+    "litdata": "litdata",
+    "boto3": "boto3",
+    "mlflow-skinny": "mlflow",
+    "wandb": "wandb",
+}
+
+
+@pytest.mark.slow
+def test_the_core_fits_exports_and_infers_without_any_extra(workdir: Path, shapes_root: Path) -> None:
+    """The README's first command installs the core alone (`pip install -e .`): fit, its export and infer
+    run with every extra's package unimportable, as in that environment."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    wanted = {re.split(r"[<>=\[; ]", r)[0] for name, reqs in extras.items() if name != "dev" for r in reqs}
+    assert wanted == set(EXTRA_MODULES)  # a new extra's package gets its module here
+    blocked = sorted(EXTRA_MODULES.values())
+    script = (
+        "import sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None  # import raises ImportError, as uninstalled\n"
+        "from project.__main__ import main\n"
+        "sys.argv = ['project', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    fit = [*fast_args(shapes_root, "--name=core"), "--export_best.enabled=true"]
+    done = subprocess.run(
+        [sys.executable, "-c", script, "fit", *fit], cwd=workdir, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    model = workdir / "checkpoints" / "core" / "latest.onnx"
+    assert model.is_file()
+    images = sorted((shapes_root / "val").rglob("*.jpg"))[:3]
+    done = subprocess.run(
+        [sys.executable, "-c", script, "infer", "--model", str(model), *map(str, images)],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [
+        line.split("\t") for line in done.stdout.strip().splitlines()
+    ]  # a line per image: its top classes
+    assert [row[0] for row in rows] == list(map(str, images)) and all(len(row) > 1 for row in rows)

@@ -439,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"Created {args.name} in {dest} ({count} files; {note}). Next:\n"
         # quoted: a folder with spaces or `;` is one argument of cd, not more commands to paste
         f"  cd {printable(shlex.quote(str(args.dest)))} && python3 -m venv .venv && "
-        ".venv/bin/pip install -q -e '.[dev]'\n"
+        ".venv/bin/pip install -q -e .\n"
         f"  .venv/bin/python -m {args.name} fit\n"
         f"Adapting it to your task: docs/new-task.md"
     )
