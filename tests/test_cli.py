@@ -245,3 +245,14 @@ def test_no_command_lists_every_command(monkeypatch: pytest.MonkeyPatch, capsys)
     assert err.startswith("error: No command given; the commands are fit, ") and err.count("\n") == 1
     listed = err.split("the commands are ")[1].split(".")[0].split(", ")
     assert sorted(listed) == sorted([*ProjectCLI.subcommands(), *__main__.COMMANDS])
+
+
+def test_help_names_every_command_of_its_own_module(capsys) -> None:
+    """The --help description is made from the dispatch table (a hand-kept list had no `optimize`)."""
+    from project import __main__
+
+    with pytest.raises(SystemExit):
+        ProjectCLI(args=["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name, (_, what) in __main__.COMMANDS.items():
+        assert f"{name} ({' '.join(what.split())})" in text

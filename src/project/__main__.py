@@ -14,17 +14,18 @@ from importlib import import_module
 
 from project.errors import UserError, exits_on_user_error
 
-# command -> module whose main(argv) runs it; everything else is a LightningCLI subcommand (project.cli)
+# command -> (module whose main(argv) runs it, what it does: the training CLI's --help lists these);
+# everything else is a LightningCLI subcommand (project.cli)
 COMMANDS = {
-    "infer": "project.deploy.infer",
-    "serve": "project.deploy.serve.command",
-    "report": "project.report",
-    "doctor": "project.doctor",
-    "new": "project.new",
-    "sweep": "project.sweep.command",
-    "audit": "project.audit.command",
-    "models": "project.models",
-    "optimize": "project.optimize",
+    "infer": ("project.deploy.infer", "torch-free inference on an export"),
+    "serve": ("project.deploy.serve.command", "an HTTP service for an export"),
+    "report": ("project.report", "a run's curves as a PNG"),
+    "doctor": ("project.doctor", "check this machine"),
+    "new": ("project.new", "start a task from this template"),
+    "sweep": ("project.sweep.command", "a hyperparameter search over these options"),
+    "audit": ("project.audit.command", "wrong labels, duplicates, leaks"),
+    "models": ("project.models", "the backbones --model.backbone takes"),
+    "optimize": ("project.optimize", "a data set as LitData shards, local or in a bucket"),
 }
 
 
@@ -52,7 +53,7 @@ def main() -> None:
             "or `python -m project COMMAND --help` for its options.",
         )
     try:
-        run = import_module(COMMANDS.get(command, f"{__package__}.cli")).main
+        run = import_module(COMMANDS[command][0] if command in COMMANDS else f"{__package__}.cli").main
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith(f"{__package__}."):
             raise

@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import Logger
 from typing_extensions import override
 
 from project import trackers
+from project.__main__ import COMMANDS
 from project.atomic import remove_partials
 from project.backbones import preprocessing
 from project.callbacks import (
@@ -144,12 +145,10 @@ class ProjectCLI(LightningCLI):
             args=args,
             parser_kwargs={
                 "prog": "python -m project",
-                "description": "Train, evaluate, predict with and export image classifiers. "
-                "Also: python -m project infer (torch-free inference on an export), serve (an HTTP "
-                "service for an export), report (a run's curves as a PNG), sweep (a hyperparameter "
-                "search over these options), audit (wrong labels, duplicates, leaks), models (the "
-                "backbones --model.backbone takes), doctor (check this machine), new (start a task from "
-                "this template); each with --help.",
+                "description": "Train, evaluate, predict with and export image classifiers. Also: python -m "
+                "project "
+                + ", ".join(f"{name} ({what})" for name, (_, what) in COMMANDS.items())
+                + "; each with --help.",
                 # a refused command line is raised (see parse_or_refuse), not printed with the usage
                 "exit_on_error": False,
             },
