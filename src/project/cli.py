@@ -145,8 +145,8 @@ class ProjectCLI(LightningCLI):
             args=args,
             parser_kwargs={
                 "prog": "python -m project",
-                "description": "Train, evaluate, predict with and export image classifiers. Also: python -m "
-                "project "
+                "description": "Train, evaluate, predict with and export image classifiers. Also: "
+                + "python -m project "
                 + ", ".join(f"{name} ({what})" for name, (_, what) in COMMANDS.items())
                 + "; each with --help.",
                 # a refused command line is raised (see parse_or_refuse), not printed with the usage
