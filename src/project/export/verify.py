@@ -138,15 +138,21 @@ def _float64(model: nn.Module) -> nn.Module | None:
 
 def _float32_error(expected: Outputs, exact: nn.Module | None, batch: torch.Tensor) -> Outputs | None:
     """max |float32 - float64| of each output on `batch`; None where the float64 model does not run."""
+    if exact is None:
+        return None
     try:
-        reference = None if exact is None else _numpy(exact, batch)
+        reference = _numpy(exact, batch)
     except RuntimeError:  # an operator without a float64 kernel
-        reference = None
-    if reference is None:
         return None
     logits = np.abs(expected.logits - reference.logits).max()
     features = None if expected.features is None else np.abs(expected.features - reference.features).max()
     return Outputs(logits, features)
+
+
+def _bound(values: np.ndarray, own: float) -> float:
+    """The max |difference| accepted on an output whose PyTorch values are `values`: ATOL + RTOL x their
+    max |value| + ROUNDING x float32's own error `own` on them."""
+    return ATOL + RTOL * float(np.abs(values).max()) + ROUNDING * own
 
 
 def _agree(expected: Outputs, got: Outputs, error: Outputs | None) -> tuple[dict, list[str]]:
@@ -155,7 +161,7 @@ def _agree(expected: Outputs, got: Outputs, error: Outputs | None) -> tuple[dict
     recorded as null)."""
     scale = float(np.abs(expected.logits).max())
     own = 0.0 if error is None else float(error.logits)
-    bound = ATOL + RTOL * scale + ROUNDING * own
+    bound = _bound(expected.logits, own)
     diff = float(np.abs(got.logits - expected.logits).max())
     # the same top-1, or a class tied with it within the bound
     picked = np.take_along_axis(expected.logits, got.logits.argmax(1)[:, None], axis=1)[:, 0]
@@ -178,9 +184,8 @@ def _agree(expected: Outputs, got: Outputs, error: Outputs | None) -> tuple[dict
         if got.features is None or got.features.shape != expected.features.shape:
             problems.append("no features output of the expected shape")
             return result, problems
-        scale = float(np.abs(expected.features).max())
         own = 0.0 if error is None else float(error.features)
-        feature_bound = ATOL + RTOL * scale + ROUNDING * own
+        feature_bound = _bound(expected.features, own)
         feature_diff = float(np.abs(got.features - expected.features).max())
         result |= {
             "features_max_abs_diff": feature_diff,
