@@ -254,5 +254,5 @@ def test_help_names_every_command_of_its_own_module(capsys) -> None:
     with pytest.raises(SystemExit):
         ProjectCLI(args=["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for name, (_, what) in __main__.COMMANDS.items():
+    for name, (_, what, _) in __main__.COMMANDS.items():
         assert f"{name} ({' '.join(what.split())})" in text

@@ -2,8 +2,9 @@
 
 deploy/src/<package> links the modules of src/<package> that `infer` and `serve` need. The fast tests run
 those links from the checkout (every deploy module imports with them alone; its dependencies are the
-training package's, with the same bounds); the slow one installs deploy/ as deploy/Dockerfile does into a
-new virtual environment (pip from the configured index), checks that torch is absent, and serves a request.
+training package's with its `serve` extra, with the same bounds); the slow one installs deploy/ as
+deploy/Dockerfile does into a new virtual environment (pip from the configured index), checks that torch
+is absent, and serves a request.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def test_a_training_command_in_the_serving_package_is_one_message() -> None:
 def test_the_serving_dependencies_are_the_training_package_s_with_the_same_bounds() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     serving = tomllib.loads((DEPLOY / "pyproject.toml").read_text())["project"]["dependencies"]
-    training = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert set(serving) <= set(training)
+    training = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert set(serving) <= {*training["dependencies"], *training["optional-dependencies"]["serve"]}
     assert requirement_names(serving) == {
         "numpy",
         "pillow",

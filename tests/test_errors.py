@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import project
-from project.errors import usage_error
+from project.__main__ import COMMANDS
+from project.errors import extra_packages, usage_error
 
 # One bad value per command; each fails while the options are read, before any model or data work.
 MISTAKES = {
@@ -135,6 +136,38 @@ def test_a_refused_command_line_is_one_error_line_with_its_fix_not_the_usage(
     outcome = command_line_outcomes[command]
     assert_one_error_line(outcome)
     assert "usage:" not in outcome["output"]
+
+
+# what reaches each optional command's import of its extra's packages
+EXTRA_COMMAND_LINES = {
+    "serve": ["--model", "model.onnx"],
+    "sweep": ["--config", SWEEP_CONFIG],
+    "audit": ["--help"],
+    "optimize": ["--output=out"],
+}
+
+
+@pytest.mark.parametrize("command", [name for name, (_, _, extra) in COMMANDS.items() if extra])
+def test_a_command_whose_extra_is_missing_names_the_extra_in_one_line(tmp_path: Path, command: str) -> None:
+    """With the extra's packages unimportable (as uninstalled), the command says which extra to install."""
+    extra = COMMANDS[command][2]
+    modules = [p.lower().replace("-", "_").removeprefix("python_") for p in extra_packages(extra).split()]
+    assert modules, f"pyproject.toml has no extra {extra!r}"
+    script = (
+        "import sys\n"
+        f"for name in {modules!r}: sys.modules[name] = None\n"
+        "from project.__main__ import main\n"
+        "sys.argv = ['project', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, command, *EXTRA_COMMAND_LINES[command]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert_one_error_line({"status": done.returncode, "output": done.stdout + done.stderr})
+    assert re.search(rf"needs the .* not installed\. Fix: pip install -e '\.\[{extra}\]'", done.stderr)
 
 
 def assert_one_error_line(outcome: dict) -> None:

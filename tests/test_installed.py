@@ -196,6 +196,12 @@ def test_the_readme_preset_paths_work_from_another_folder(installed: Path, elsew
 
 # the module each optional package of pyproject's extras is imported as (a new extra adds its rows)
 EXTRA_MODULES = {
+    "fastapi": "fastapi",
+    "uvicorn": "uvicorn",
+    "httptools": "httptools",
+    "uvloop": "uvloop",
+    "python-multipart": "multipart",
+    "optuna": "optuna",
     "psycopg2-binary": "psycopg2",
     "cleanlab": "cleanlab",
     "grad-cam": "pytorch_grad_cam",

@@ -12,20 +12,21 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
-from project.errors import UserError, exits_on_user_error
+from project.errors import UserError, exits_on_user_error, extra_packages, missing_package
 
-# command -> (module whose main(argv) runs it, what it does: the training CLI's --help lists these);
-# everything else is a LightningCLI subcommand (project.cli)
+# command -> (module whose main(argv) runs it, what it does: the training CLI's --help lists these, the
+# extra of pyproject.toml its packages come from or None); everything else is a LightningCLI subcommand
+# (project.cli)
 COMMANDS = {
-    "infer": ("project.deploy.infer", "torch-free inference on an export"),
-    "serve": ("project.deploy.serve.command", "an HTTP service for an export"),
-    "report": ("project.report", "a run's curves as a PNG"),
-    "doctor": ("project.doctor", "check this machine"),
-    "new": ("project.new", "start a task from this template"),
-    "sweep": ("project.sweep.command", "a hyperparameter search over these options"),
-    "audit": ("project.audit.command", "wrong labels, duplicates, leaks"),
-    "models": ("project.models", "the backbones --model.backbone takes"),
-    "optimize": ("project.optimize", "a data set as LitData shards, local or in a bucket"),
+    "infer": ("project.deploy.infer", "torch-free inference on an export", None),
+    "serve": ("project.deploy.serve.command", "an HTTP service for an export", "serve"),
+    "report": ("project.report", "a run's curves as a PNG", None),
+    "doctor": ("project.doctor", "check this machine", None),
+    "new": ("project.new", "start a task from this template", None),
+    "sweep": ("project.sweep.command", "a hyperparameter search over these options", "sweep"),
+    "audit": ("project.audit.command", "wrong labels, duplicates, leaks", "audit"),
+    "models": ("project.models", "the backbones --model.backbone takes", None),
+    "optimize": ("project.optimize", "a data set as LitData shards, local or in a bucket", "shards"),
 }
 
 
@@ -52,21 +53,35 @@ def main() -> None:
             "run `python -m project COMMAND` (a bare `python -m project fit` trains the default model), "
             "or `python -m project COMMAND --help` for its options.",
         )
+    module, _, extra = COMMANDS.get(command, (f"{__package__}.cli", None, None))
     try:
-        run = import_module(COMMANDS[command][0] if command in COMMANDS else f"{__package__}.cli").main
+        run = import_module(module).main
     except ModuleNotFoundError as e:
-        if not (e.name or "").startswith(f"{__package__}."):
-            raise
-        # the serving install (deploy/pyproject.toml) ships project.deploy and the modules it needs only
-        raise UserError(
-            f"`{command or 'fit'}` is not part of this install, which runs only `infer` and `serve` "
-            "(the serving install, without torch).",
-            "install the training package (pip install . in a checkout) on a machine that trains.",
-        ) from None
-    if command in COMMANDS:
-        run(sys.argv[2:])
-    else:
-        run()  # LightningCLI reads sys.argv itself
+        if (e.name or "").startswith(f"{__package__}."):
+            # the serving install (deploy/pyproject.toml) ships project.deploy and the modules it needs only
+            raise UserError(
+                f"`{command or 'fit'}` is not part of this install, which runs only `infer` and `serve` "
+                "(the serving install, without torch).",
+                "install the training package (pip install . in a checkout) on a machine that trains.",
+            ) from None
+        raise _without_extra(command, extra, e) from None
+    try:
+        if command in COMMANDS:
+            run(sys.argv[2:])
+        else:
+            run()  # LightningCLI reads sys.argv itself
+    except ModuleNotFoundError as e:  # a command that imports its extra's packages once its flags are read
+        raise _without_extra(command, extra, e) from None
+
+
+def _without_extra(command: str | None, extra: str | None, error: ModuleNotFoundError) -> Exception:
+    """The one-line UserError when the missing module is a package of the command's extra; else the error."""
+    packages = extra_packages(extra) if extra else ""
+    missing = (error.name or "").partition(".")[0]
+    names = {name.lower().replace("-", "_").removeprefix("python_") for name in packages.split()}
+    if not extra or not missing or (names and missing.lower() not in names):
+        return error
+    return missing_package(f"`{command}`", extra, packages or missing)
 
 
 if __name__ == "__main__":

@@ -147,7 +147,7 @@ class ProjectCLI(LightningCLI):
                 "prog": "python -m project",
                 "description": "Train, evaluate, predict with and export image classifiers. Also: "
                 + "python -m project "
-                + ", ".join(f"{name} ({what})" for name, (_, what) in COMMANDS.items())
+                + ", ".join(f"{name} ({what})" for name, (_, what, _) in COMMANDS.items())
                 + "; each with --help.",
                 # a refused command line is raised (see parse_or_refuse), not printed with the usage
                 "exit_on_error": False,

@@ -45,10 +45,23 @@ def install_hint(extra: str, packages: str) -> str:
     return f"pip install -e '.[{extra}]' (or pip install {packages})"
 
 
+def extra_packages(extra: str) -> str:
+    """The packages an extra of this installed package brings, space-separated ("" when not recorded)."""
+    from importlib import metadata
+
+    try:
+        requirements = metadata.requires(__package__ or "") or []
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return ""
+    marker = re.compile(rf"""extra\s*==\s*["']{re.escape(extra)}["']""")
+    return " ".join(re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0] for r in requirements if marker.search(r))
+
+
 def missing_package(needed_for: str, extra: str, packages: str) -> UserError:
     """The UserError for an optional package that is not installed: what needs it and how to install it."""
     names = packages.split()
-    what = " and ".join(f"`{name}`" for name in names)
+    quoted = [f"`{name}`" for name in names]
+    what = " and ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
     what += " packages, which are" if len(names) > 1 else " package, which is"
     return UserError(f"{needed_for} needs the {what} not installed.", install_hint(extra, packages) + ".")
 
