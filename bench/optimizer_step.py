@@ -5,7 +5,7 @@
 For each network, the template's two parameter groups (decay / no decay on biases and norms) with
 random gradients, then `optimizer.step()` timed: AdamW with `fused` and `foreach` unset (what a
 hand-written loop gets: on the CPU, one tensor operation at a time per parameter from Python)
-against `project.model.build_optimizer` (the fused kernel). The two alternate `--rounds` times in
+against `project.optim.build_optimizer` (the fused kernel). The two alternate `--rounds` times in
 this process; each figure is the median step over `--steps` steps after 3 warm-up steps.
 """
 
@@ -19,7 +19,7 @@ from functools import partial
 import torch
 import torchvision
 
-from project.model import build_optimizer
+from project.optim import build_optimizer
 
 NETWORKS = ("resnet18", "mobilenet_v3_small", "shufflenet_v2_x0_5")
 

@@ -468,3 +468,27 @@ def test_every_command_parser_ends_a_refused_command_line_in_one_error_line() ->
         if re.search(r"argparse\.ArgumentParser\(", path.read_text())
     )
     assert plain == []
+
+
+def test_the_presets_and_sweeps_name_the_monitored_metric_as_the_code_does() -> None:
+    """metrics.MONITOR is the one name of the monitored metric; a preset or sweep (which any run may add)
+    that monitors a metric or makes it an objective names that one: a renamed metric would leave early
+    stopping watching nothing. An experiment may pick its own (multilabel.yaml: val/f1_macro)."""
+    import yaml
+
+    from project.metrics import MONITOR
+
+    def named(node: object) -> list[str]:
+        if isinstance(node, dict):
+            found = [v for k, v in node.items() if k in ("monitor", "metric") and isinstance(v, str)]
+            return found + [n for v in node.values() for n in named(v)]
+        return [n for v in node for n in named(v)] if isinstance(node, list) else []
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    names = [
+        (path.relative_to(configs).as_posix(), name)
+        for folder in ("presets", "sweeps")
+        for path in sorted((configs / folder).rglob("*.yaml"))
+        for name in named(yaml.safe_load(path.read_text()))
+    ]
+    assert names and {name for _, name in names} == {MONITOR}, names

@@ -18,7 +18,8 @@ from torch import nn
 
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError
-from project.model import ImageClassifier, match_state_layout
+from project.model import ImageClassifier
+from project.optim import match_state_layout
 from project.trainer import Trainer
 from tests.helpers import fast_args, run_cli
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from project.model import ImageClassifier, build_optimizer
+from project.model import ImageClassifier
+from project.optim import build_optimizer
 from project.schedulers import WarmupCosineLR
 
 

@@ -44,6 +44,7 @@ from project.config_checks import check_cli_config
 from project.data.datamodule import ImageDataModule
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError, exits_on_user_error, usage_error
+from project.metrics import MONITOR
 from project.model import ImageClassifier
 from project.quiet import CompactModelSummary, quiet_lightning
 from project.runs import (
@@ -62,7 +63,7 @@ from project.trainer import Trainer
 # --ckpt_path (project.checkpoint_values), flags override them; the data's classes are checked against it.
 CHECKPOINT_ONLY = ("validate", "test", "predict", "export")
 # Checkpoint names carry the monitored metric (another --checkpoint.monitor puts its own in the name).
-DEFAULT_FILENAME = "epoch={epoch:03d}-val_acc={val/acc:.4f}"
+DEFAULT_FILENAME = f"epoch={{epoch:03d}}-{MONITOR.replace('/', '_')}={{{MONITOR}:.4f}}"
 # Subcommands that only look at the configured model and data: no checkpoint, no run folder.
 DRY = ("memory", "show_batch")
 # Subcommands that try training steps on the configured model and data (Lightning's Tuner), then print
@@ -78,7 +79,7 @@ CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
     "checkpoint": (
         ModelCheckpoint,
         {
-            "monitor": "val/acc",
+            "monitor": MONITOR,
             "mode": "max",
             "save_top_k": 3,
             "save_last": True,
@@ -292,7 +293,7 @@ class ProjectCLI(LightningCLI):
             config.name = eval_run_name(config.name, config.ckpt_path)
             self.save_config_kwargs["config_filename"] = f"{self.subcommand}-config.yaml"
         monitor = config.checkpoint.monitor
-        if config.checkpoint.filename == DEFAULT_FILENAME and monitor not in (None, "val/acc"):
+        if config.checkpoint.filename == DEFAULT_FILENAME and monitor not in (None, MONITOR):
             # e.g. val/balanced_acc: epoch=004-val_balanced_acc=0.8123.ckpt
             config.checkpoint.filename = f"epoch={{epoch:03d}}-{monitor.replace('/', '_')}={{{monitor}:.4f}}"
         if config.checkpoint.dirpath is None:

@@ -34,6 +34,7 @@ from project.export.fit_calibration import skipped as calibration_skipped
 from project.export.options import ExportOptions
 from project.export.targets import Files, Source, Target, chosen
 from project.export.verify import ExportError, compare, load, verification_batches
+from project.metrics import MONITOR
 from project.model import ImageClassifier
 
 
@@ -109,7 +110,7 @@ class Checkpoint:
         for key, state in self.contents.get("callbacks", {}).items():
             if key.startswith("ModelCheckpoint") and state.get("current_score") is not None:
                 return state["monitor"], float(state["current_score"])
-        return "val/acc", None
+        return MONITOR, None
 
 
 def export_checkpoint(

@@ -17,6 +17,7 @@ import optuna
 import yaml
 
 from project.errors import UserError
+from project.metrics import MONITOR
 from project.runs import LOGS
 
 SECTION = "sweep"
@@ -25,7 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "trials": 20,  # finished trials (complete or pruned) the study should have
     "storage": None,  # default: the SQLite file logs/<name>/study.db
     "space": None,
-    "metric": "val/acc",
+    "metric": MONITOR,
     "direction": "maximize",
     "pruner": "median",
     "heartbeat": 10,  # seconds between a running trial's signs of life; silent for 3x this: failed
