@@ -492,3 +492,25 @@ def test_the_presets_and_sweeps_name_the_monitored_metric_as_the_code_does() -> 
         for name in named(yaml.safe_load(path.read_text()))
     ]
     assert names and {name for _, name in names} == {MONITOR}, names
+
+
+def test_the_python_defaults_are_default_yaml_s() -> None:
+    """ImageClassifier and ImageDataModule built in Python (the API, a notebook, a test) take the values
+    every command gets from configs/default.yaml: one default per option, not two that drift apart. The
+    optimizer and schedule are class_path entries, set by the YAML alone."""
+    import yaml
+
+    from project.data.datamodule import ImageDataModule
+    from project.model import ImageClassifier
+
+    default = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "default.yaml").read_text())
+    differ = {}
+    for section, cls in (("model", ImageClassifier), ("data", ImageDataModule)):
+        parameters = inspect.signature(cls.__init__).parameters
+        for key, value in default[section].items():
+            if isinstance(value, dict):
+                continue
+            own = parameters[key].default
+            if (list(own) if isinstance(own, tuple) else own) != value:
+                differ[f"{section}.{key}"] = (own, value)
+    assert differ == {}

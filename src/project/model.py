@@ -132,13 +132,13 @@ class ImageClassifier(L.LightningModule):
         num_classes: int | None = None,
         class_names: list[str] | None = None,
         image_size: int | None = None,
-        backbone: str = "resnet18",
+        backbone: str = "mobilenet_v3_small",
         weights: str | None = None,
         freeze_backbone: bool = False,
         head_epochs: int = 0,
         layer_decay: float = 1.0,
         tta: Literal["none", "flip"] = "none",
-        bn_momentum: float | None = None,
+        bn_momentum: float | None = 0.1,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         scheduler: LRSchedulerCallable | None = WarmupCosineLR,
         scheduler_interval: Literal["step", "epoch"] = "step",
@@ -169,7 +169,7 @@ class ImageClassifier(L.LightningModule):
                 logits of the image and its mirror image). Not part of exports.
             bn_momentum: Set every BatchNorm's momentum. torchvision's mobilenet/efficientnet/mnasnet use
                 0.01 or less, tuned for long ImageNet runs: a short run from scratch needs about 0.1,
-                or its running statistics (used in evaluation) never catch up.
+                or its running statistics (used in evaluation) never catch up. null keeps the backbone's own.
             optimizer: Optimizer class and init args; AdamW by default. Biases and norms get no decay.
             scheduler: Learning-rate schedule; WarmupCosineLR by default, ReduceLROnPlateau on val/loss.
             scheduler_interval: Step the schedule every optimizer step or every epoch.

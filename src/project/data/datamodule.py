@@ -42,6 +42,7 @@ from project.data.folders import folder_splits
 from project.data.index import HoldOut, ImageIndex, Splits, hold_out, list_images
 from project.data.labels_csv import csv_splits
 from project.data.multishapes import generate_multishapes
+from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.data.shapes import generate_shapes
 from project.data.shards import has_index, litdata
 from project.data.skipped import SkipLog
@@ -162,17 +163,17 @@ class ImageDataModule(L.LightningDataModule):
         val_split: float | None = None,
         split_seed: int = 0,
         num_classes: int | None = None,
-        image_size: int | None = 224,
+        image_size: int | None = None,
         crop_ratio: float | None = None,
         interpolation: Interpolation | None = None,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        scale: tuple[float, float] = (0.7, 1.0),
+        ratio: tuple[float, float] = (0.9, 1.11),
         hflip: bool = True,
         auto_augment: AutoAugment = "none",
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
         balance: Balance = "none",
-        batch_size: int = 64,
+        batch_size: int = 32,
         num_workers: int | None = None,
         prefetch_factor: int | None = None,
         loader_timeout: int = 600,
@@ -192,7 +193,8 @@ class ImageDataModule(L.LightningDataModule):
                 Also the seed of the shards' shuffle (fixed, so a resumed run draws the same order).
             num_classes: Expected number of classes, checked against the class folders (optional).
             image_size: Side of the square crops the model sees; null (the command line's default): a
-                resumed checkpoint's, else the pretrained weights' input size (224 for most), else 64.
+                resumed checkpoint's, else the pretrained weights' input size (224 for most), else 64 (also
+                when built in Python, where the backbone is not known).
             crop_ratio: Evaluation resizes the short side to image_size / crop_ratio, then centre-crops;
                 null: the backbone's pretrained crop (a timm model's crop_pct; 0.875 for torchvision).
             interpolation: The resize filter of training crops, evaluation, `predict` and the export's
@@ -237,7 +239,9 @@ class ImageDataModule(L.LightningDataModule):
                 data.
         """
         super().__init__()
-        # the command line sets the backbone's own crop and filter (cli.py); built directly: torchvision's
+        # the command line sets the backbone's own size, crop and filter (cli.py); built directly: the
+        # embedded shapes' size and torchvision's crop and filter
+        image_size = SHAPES_IMAGE_SIZE if image_size is None else image_size
         crop_ratio = DEFAULT_CROP_RATIO if crop_ratio is None else crop_ratio
         interpolation = DEFAULT_INTERPOLATION if interpolation is None else interpolation
         require(interpolation in MODES, "data.interpolation", interpolation, "bilinear or bicubic")
