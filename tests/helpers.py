@@ -5,13 +5,18 @@ Fixtures stay in tests/conftest.py; these are plain functions and classes, impor
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
 import torch
 from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.cli import main
@@ -24,6 +29,7 @@ from project.cli import main
 # reach about 1e-3. A wrong step (16-bit values clipped instead of scaled, a missed EXIF rotation,
 # alpha or palette handled differently, another resize) moves probabilities by 1e-2 or more.
 DECODER_BOUND = 2e-3
+REPO = Path(__file__).resolve().parents[1]  # the checkout under test
 
 
 def fast_args(root: Path, *extra: str) -> list[str]:
@@ -112,3 +118,59 @@ def workers_blocking_stop_signals(loader: DataLoader) -> list[bool]:
         found.append(all(mask >> (signum - 1) & 1 for signum in (signal.SIGTERM, signal.SIGINT)))
     del batches
     return found
+
+
+class RunsCode:
+    """Unpickling this calls os.system: what a malicious checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def write_deflated(state: dict, path: Path) -> Path:
+    """torch.save's archive of `state` with its entries rewritten deflated: a file far smaller than the
+    data it declares, each entry of which torch.load would allocate in full."""
+    plain = path.with_name(f"{path.name}.plain")
+    torch.save(state, plain)
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as out:
+        for entry in source.infolist():
+            out.writestr(entry.filename, source.read(entry))
+    plain.unlink()
+    return path
+
+
+def scalar_tags(log_dir: Path) -> set[str]:
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return set(events.Tags()["scalars"])
+
+
+MiB = 2**20
+
+
+def budget_of(output: str) -> dict[str, float]:
+    """MiB per row of the printed table."""
+    rows = re.findall(r"^  (\S.*?)\s+([\d.]+) MiB", output, flags=re.MULTILINE)
+    return {name.strip(): float(size) for name, size in rows}
+
+
+# the DDP preset on CPU processes (gloo): `project(tmp, "fit", *DDP, ...)` runs two ranks
+DDP = [
+    "--config",
+    str(REPO / "configs" / "presets" / "ddp.yaml"),
+    "--trainer.accelerator=cpu",
+]
+
+
+def project(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m project ARGS` (or under a launcher) in a subprocess, as a user would run it."""
+    command = [*(launcher or [sys.executable]), "-m", "project", *args]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "src"),
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)

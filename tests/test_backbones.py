@@ -11,7 +11,7 @@ from torchvision.models.vision_transformer import VisionTransformer, interpolate
 from project.backbones import build_backbone, classification_models, head_of, load_weights, size_arguments
 from project.errors import UserError
 from project.model import ImageClassifier
-from tests.test_checkpoint_io import RunsCode, write_deflated
+from tests.helpers import RunsCode, write_deflated
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ import os
 import random
 import re
 import threading
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from project.atomic import atomic_write
 from project.callbacks.rng_state import RNGState
 from project.checkpoint_io import AtomicCheckpointIO, UnsafeCheckpointError, load_checkpoint_file
 from project.errors import UserError
-from tests.helpers import fast_args, run_cli
+from tests.helpers import RunsCode, fast_args, run_cli, write_deflated
 
 
 def fail_writes_halfway(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,16 +116,6 @@ def test_full_disk_keeps_earlier_checkpoints_and_says_what_to_free(
     assert load_checkpoint_file(run / "last.ckpt")["epoch"] == 0
 
 
-class RunsCode:
-    """Unpickling this calls os.system: what a malicious checkpoint would do."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple:
-        return (os.system, (f"touch {self.marker}",))
-
-
 @pytest.fixture
 def crafted(workdir: Path) -> tuple[Path, Path]:
     """A checkpoint inside a run folder whose unpickling would create `marker`."""
@@ -200,18 +189,6 @@ def test_truncated_checkpoint_is_one_message(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:500])
     with pytest.raises(UserError, match=r"Cannot read checkpoint '.*cut.ckpt'.*truncated"):
         load_checkpoint_file(path)
-
-
-def write_deflated(state: dict, path: Path) -> Path:
-    """torch.save's archive of `state` with its entries rewritten deflated: a file far smaller than the
-    data it declares, each entry of which torch.load would allocate in full."""
-    plain = path.with_name(f"{path.name}.plain")
-    torch.save(state, plain)
-    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as out:
-        for entry in source.infolist():
-            out.writestr(entry.filename, source.read(entry))
-    plain.unlink()
-    return path
 
 
 def test_a_checkpoint_declaring_more_data_than_its_file_holds_is_refused_before_loading(

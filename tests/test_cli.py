@@ -10,20 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from project.cli import ProjectCLI
 from project.data.decode import load_rgb
 from project.data.shapes import CLASSES
 from project.data.transforms import eval_transform
 from project.model import ImageClassifier
-from tests.helpers import fast_args, run_cli, write_image
-
-
-def scalar_tags(log_dir: Path) -> set[str]:
-    events = EventAccumulator(str(log_dir))
-    events.Reload()
-    return set(events.Tags()["scalars"])
+from tests.helpers import fast_args, run_cli, scalar_tags, write_image
 
 
 @pytest.mark.slow

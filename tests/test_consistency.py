@@ -37,8 +37,9 @@ from project.data.shapes import CLASSES, draw_shape
 from project.data.transforms import eval_transform
 from project.deploy.infer import main as infer_main
 from project.export import load_for_export
+from tests.exports import SRC
 from tests.helpers import DECODER_BOUND, fast_args, run_cli
-from tests.test_serve import SRC, Server, predict
+from tests.servers import Server, predict
 
 pytestmark = pytest.mark.slow
 

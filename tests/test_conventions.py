@@ -514,3 +514,17 @@ def test_the_python_defaults_are_default_yaml_s() -> None:
             if (list(own) if isinstance(own, tuple) else own) != value:
                 differ[f"{section}.{key}"] = (own, value)
     assert differ == {}
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in plain modules (tests/helpers.py, exports.py, servers.py, shard_files.py,
+    bad_files.py), never in a test module: a clone that leaves a room out deletes that room's tests, and
+    another room's tests must not go with them."""
+    found = []
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            found += [f"{path.name}: {name}" for name in names if name.startswith("tests.test_")]
+    assert found == []

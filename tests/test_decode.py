@@ -20,8 +20,8 @@ from project.data.decode import (
 )
 from project.deploy.classifier import Classifier
 from project.deploy.serve import bodies
+from tests.exports import tiny_export
 from tests.helpers import write_image
-from tests.test_serve import tiny_export
 
 
 @pytest.mark.parametrize(

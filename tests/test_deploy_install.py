@@ -29,7 +29,8 @@ from PIL import Image
 
 from project import deploy
 from project.deploy.classifier import Classifier
-from tests.test_serve import encode, point_latest, predict, tiny_export
+from tests.exports import encode, point_latest, tiny_export
+from tests.servers import predict
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

@@ -15,17 +15,9 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import fast_args, run_cli
+from tests.helpers import DDP, fast_args, project, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-DDP = ["--config", str(ROOT / "configs" / "presets" / "ddp.yaml"), "--trainer.accelerator=cpu"]
-
-
-def project(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    """`python -m project ARGS` (or under a launcher) in a subprocess, as a user would run it."""
-    command = [*(launcher or [sys.executable]), "-m", "project", *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def metrics(stdout: str) -> dict[str, float]:

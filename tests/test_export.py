@@ -477,7 +477,7 @@ def test_int8_measurement_when_every_validation_image_is_bad_says_why(tmp_path: 
     """With --data.skip_bad_images every validation image can be left out: nothing to compare, said so."""
     from PIL import Image
 
-    from tests.test_serve import CLASSES, tiny_export
+    from tests.exports import CLASSES, tiny_export
 
     model = tiny_export(tmp_path, "m", seed=0)
     for name in CLASSES:

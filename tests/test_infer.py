@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,26 +12,12 @@ import pytest
 from PIL import Image
 
 from project.deploy.infer import main as infer_main
-from tests.test_serve import SRC, tiny_export
+from tests.exports import infer, tiny_export
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_export(tmp_path_factory.mktemp("model"), "m", seed=0)
-
-
-def infer(*args: str | bytes, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """`python -m project infer ARGS` in a subprocess; fails the test if it imported torch."""
-    probe = (
-        "import atexit, runpy, sys; sys.argv = ['project', 'infer'] + sys.argv[1:]\n"
-        "atexit.register(lambda: 'torch' in sys.modules and print('imported torch', file=sys.stderr))\n"
-        "runpy.run_module('project', run_name='__main__')"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-c", probe, *args]
-    result = subprocess.run(command, capture_output=True, env=env, timeout=120, cwd=cwd)
-    assert b"imported torch" not in result.stderr
-    return result
 
 
 def colour(path: Path, rgb: tuple[int, int, int]) -> Path:

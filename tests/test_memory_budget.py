@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -11,15 +10,7 @@ from torch import nn
 
 from project.memory_budget import ActivationCounter, MemoryBudget, advice
 from project.model import ImageClassifier
-from tests.helpers import fast_args, run_cli
-
-MiB = 2**20
-
-
-def budget_of(output: str) -> dict[str, float]:
-    """MiB per row of the printed table."""
-    rows = re.findall(r"^  (\S.*?)\s+([\d.]+) MiB", output, flags=re.MULTILINE)
-    return {name.strip(): float(size) for name, size in rows}
+from tests.helpers import MiB, budget_of, fast_args, run_cli
 
 
 def run_memory(shapes_root: Path, capsys, *extra: str) -> tuple[dict[str, float], str]:

@@ -21,8 +21,7 @@ from project.data.multishapes import generate_multishapes
 from project.data.shapes import CLASSES
 from project.errors import UserError
 from project.model import ImageClassifier
-from tests.helpers import DECODER_BOUND, fast_args, run_cli, write_image
-from tests.test_cli import scalar_tags
+from tests.helpers import DECODER_BOUND, fast_args, run_cli, scalar_tags, write_image
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "multilabel.yaml"
 

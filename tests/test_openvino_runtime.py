@@ -17,8 +17,8 @@ from PIL import Image
 from project.deploy.classifier import Classifier
 from project.deploy.infer import main as infer_main
 from project.deploy.serve.command import main as serve_main
-from tests.test_infer import infer
-from tests.test_serve import CLASSES, SIZE, Server, encode, predict, tiny_export
+from tests.exports import CLASSES, SIZE, encode, infer, tiny_export
+from tests.servers import Server, predict
 
 pytest.importorskip("openvino")
 

@@ -17,7 +17,7 @@ from PIL import Image
 from project.data.shapes import CLASSES
 from project.report import main, read_run
 from tests.helpers import fast_args, run_cli
-from tests.test_serve_page import CHROMIUM, FLAGS
+from tests.servers import CHROMIUM, FLAGS
 
 REPORT_SCREENSHOT = Path(__file__).parents[1] / "docs" / "images" / "report-page.png"
 

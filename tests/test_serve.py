@@ -1,15 +1,13 @@
 """The prediction service: the real server in a subprocess on a free loopback port, and its parts.
 
-The served models are tiny hand-built ONNX graphs with the export contract (uint8 images [N, 3, H, W]
-in, logits out, a sidecar beside them): mean colour -> linear layer, so that answers differ per
-image and build in milliseconds instead of a torch export's half minute.
+The served models are the tiny hand-built ONNX exports of tests/exports.py (mean colour -> linear layer);
+the server and its requests are tests/servers.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import http.client
-import io
 import json
 import os
 import re
@@ -28,9 +26,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
 from project.deploy.classifier import Classifier
@@ -43,83 +39,8 @@ from project.deploy.serve.command import main as serve_main
 from project.deploy.serve.models import ModelSlot
 from project.deploy.serve.predictions import Prepared, run_batch
 from project.deploy.serve.service import Settings
-
-CLASSES = ["red", "green", "blue", "dark"]
-SRC = str(Path(__file__).parents[1] / "src")  # the code under test, also where it is not installed
-SIZE = 16
-# runs `python -m project serve ARGS` and reports at exit whether torch or lightning got imported
-PROBE = (
-    "import atexit, runpy, sys; "
-    "atexit.register(lambda: print('imported torch:', bool({'torch', 'lightning'} & set(sys.modules)))); "
-    "sys.argv = ['project', 'serve'] + sys.argv[1:]; runpy.run_module('project', run_name='__main__')"
-)
-
-
-def tiny_export(folder: Path, stem: str, seed: int) -> Path:
-    """`<stem>.onnx` + `<stem>.json` as export writes them: mean colour -> logits of CLASSES."""
-    weights = np.eye(3, len(CLASSES), dtype=np.float32) * 0.05
-    weights[:, 3] = -0.05  # "dark": high when every channel is low
-    weights += np.random.default_rng(seed).normal(0, 0.01, weights.shape).astype(np.float32)
-    bias = np.array([0, 0, 0, 6], dtype=np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Cast", ["images"], ["x"], to=TensorProto.FLOAT),
-            helper.make_node("ReduceMean", ["x", "axes"], ["mean"], keepdims=0),
-            helper.make_node("MatMul", ["mean", "w"], ["wx"]),
-            helper.make_node("Add", ["wx", "b"], ["logits"]),
-        ],
-        "tiny",
-        [helper.make_tensor_value_info("images", TensorProto.UINT8, ["N", 3, SIZE, SIZE])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", len(CLASSES)])],
-        [
-            numpy_helper.from_array(np.array([2, 3], dtype=np.int64), "axes"),
-            numpy_helper.from_array(weights, "w"),
-            numpy_helper.from_array(bias, "b"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9  # readable by older onnxruntime releases too
-    onnx.save(model, folder / f"{stem}.onnx")
-    sidecar = {
-        "class_names": CLASSES,
-        "image_size": SIZE,
-        "task": "multiclass",
-        "preprocessing": {"crop_ratio": 0.875},
-        "files": {"onnx": f"{stem}.onnx"},
-        "source_checkpoint": {"path": f"/secret/runs/{stem}/last.ckpt", "sha256": "0" * 64},
-    }
-    (folder / f"{stem}.json").write_text(json.dumps(sidecar))
-    return folder / f"{stem}.onnx"
-
-
-def point_latest(folder: Path, stem: str) -> None:
-    """Repoint latest.onnx/.json as export does (atomic_symlink), without importing torch here."""
-    for ext in ("onnx", "json"):
-        staging = folder / f".latest.{ext}.new"
-        staging.unlink(missing_ok=True)
-        staging.symlink_to(f"{stem}.{ext}")
-        os.replace(staging, folder / f"latest.{ext}")
-
-
-def with_unknown_keys(
-    export: Path, lowest: float, highest: float, class_names: list[str] | None = None
-) -> None:
-    """Give `export`'s sidecar the unknown keys export writes: validation energy scores spread evenly
-    from `lowest` to `highest`, the threshold accepting 95% of them; `class_names` renames the classes."""
-    sidecar = export.with_suffix(".json")
-    meta = json.loads(sidecar.read_text())
-    table = np.linspace(lowest, highest, 101).tolist()
-    meta |= {"temperature": 1.0, "unknown_score": "energy", "unknown_quantiles": table}
-    meta |= {"unknown_accept": 0.95, "unknown_threshold": lowest + 0.05 * (highest - lowest)}
-    if class_names is not None:
-        meta["class_names"] = class_names
-    sidecar.write_text(json.dumps(meta))
-
-
-def encode(img: Image.Image, fmt: str = "JPEG", **options: object) -> bytes:
-    buffer = io.BytesIO()
-    img.save(buffer, fmt, **options)
-    return buffer.getvalue()
+from tests.exports import CLASSES, SIZE, SRC, encode, point_latest, tiny_export
+from tests.servers import Server, exchange, predict, request
 
 
 def chunk(kind: bytes, data: bytes) -> bytes:
@@ -185,92 +106,12 @@ TOKEN = "test-reload-token-0123456789"
 AUTHORIZED = {"Authorization": f"Bearer {TOKEN}"}
 
 
-class Server:
-    """`python -m project serve` in a subprocess, on a free loopback port, its output in a file."""
-
-    def __init__(
-        self, model: Path, *flags: str, log: Path, env: dict | None = None, open_files: int | None = None
-    ) -> None:
-        self.log_path = log
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
-        environment.pop("PROJECT_RELOAD_TOKEN", None)
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", PROBE, "--model", str(model), "--port", "0", *flags],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**environment, **(env or {})},
-                preexec_fn=None if open_files is None else lambda: limit_open_files(open_files),
-            )
-        self.port = self._wait_for_port(deadline=time.monotonic() + 30)
-        while request(self.port, "GET", "/health")[0] != 200:
-            time.sleep(0.05)
-
-    def _wait_for_port(self, deadline: float) -> int:
-        while time.monotonic() < deadline:
-            for line in self.log().splitlines():
-                if line.startswith("Serving ") and "http://127.0.0.1:" in line:
-                    return int(line.split("http://127.0.0.1:")[1].split(" ")[0])
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.process.kill()
-        raise AssertionError(f"the server did not start:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 15) -> int:
-        """SIGTERM, then the exit status (killed and failed if it takes longer than `timeout`)."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise AssertionError(f"no exit within {timeout} s of SIGTERM:\n{self.log()}") from None
-
-
-def limit_open_files(count: int) -> None:
-    """In the child before exec: at most `count` file descriptors, soft and hard (as `ulimit -n`)."""
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
-
-
 def rss_mb(pid: int) -> float:
     """Resident memory of process `pid` in MiB (Linux)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
-
-
-def exchange(
-    port: int, method: str, path: str, body: bytes = b"", headers: dict | None = None, timeout: float = 10
-) -> tuple[int, dict, dict[str, str]]:
-    """(status, JSON answer, headers) of one request on a new connection; (0, {}, {}) when nothing answers."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        connection.request(method, path, body=body, headers=headers or {})
-        response = connection.getresponse()
-        return response.status, json.loads(response.read() or b"null"), dict(response.getheaders())
-    except (ConnectionError, OSError):
-        return 0, {}, {}
-    finally:
-        connection.close()
-
-
-def request(
-    port: int, method: str, path: str, body: bytes = b"", headers: dict | None = None, timeout: float = 10
-) -> tuple[int, dict]:
-    """(status, JSON answer) of one request on a new connection; (0, {}) when nothing answers."""
-    return exchange(port, method, path, body, headers, timeout)[:2]
-
-
-def predict(
-    port: int, data: bytes, content_type: str = "image/jpeg", query: str = "", timeout: float = 10
-) -> tuple[int, dict]:
-    return request(port, "POST", f"/predict{query}", data, {"Content-Type": content_type}, timeout)
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,9 @@ import pytest
 from PIL import Image
 
 from project.deploy.serve import page as try_page
-from tests.test_serve import Server, predict, tiny_export, with_unknown_keys
+from tests.exports import tiny_export, with_unknown_keys
+from tests.servers import CHROMIUM, FLAGS, Server, predict
 
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 FLAGS += ["--disable-component-update", "--disable-sync", "--no-first-run"]
 HOSTILE = "<img src=x onerror=alert(1)>"
 # the README's picture; a run writes it only with SCREENSHOT=1 (the suite leaves the checkout clean)

@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from project.optimize import main as optimize
 from tests.helpers import exit_status
-from tests.test_shards_resume import Recorder, WithIds
+from tests.shard_files import Recorder, WithIds
 
 pytest.importorskip("litdata")
 

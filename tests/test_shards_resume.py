@@ -6,45 +6,14 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
-from project.data.datamodule import ImageDataModule
 from project.optimize import main as optimize
 from tests.helpers import exit_status
+from tests.shard_files import Recorder, WithIds
 
 pytest.importorskip("litdata")
-
-
-class WithIds(ImageDataModule):
-    """The real data module and loader; the training samples also carry their id (position in the split)."""
-
-    @override
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        self.datasets["train"].with_ids = True
-
-
-class Recorder(L.LightningModule):
-    """A linear model on the mean colour that records the id of every sample it trains on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(3, 6)
-        self.seen: list[int] = []
-
-    @override
-    def training_step(
-        self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], index: int
-    ) -> torch.Tensor:
-        images, labels, ids = batch
-        self.seen += ids.tolist()
-        return torch.nn.functional.cross_entropy(self.linear(images.float().mean((2, 3))), labels)
-
-    @override
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 class Killed(RuntimeError):

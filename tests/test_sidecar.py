@@ -11,31 +11,7 @@ import pytest
 from project.deploy import sidecar as sidecar_module
 from project.deploy.sidecar import VERSION, Sidecar
 from project.errors import UserError
-
-DOC = {
-    "version": 1,
-    "class_names": ["red", "green", "blue", "dark"],
-    "image_size": 16,
-    "task": "multiclass",
-    "input": {"name": "images", "shape": ["N", 3, 16, 16], "dtype": "uint8", "layout": "NCHW, RGB"},
-    "preprocessing": {"crop_ratio": 0.875, "normalization": {"mean": [0.5] * 3, "std": [0.25] * 3}},
-    "source_checkpoint": {"path": "/runs/x/last.ckpt", "sha256": "0" * 64},
-    "temperature": 1.5,
-    "ece_before": 0.1,
-    "ece_after": 0.05,
-    "calibration_images": 24,
-    "reliability": {
-        "bins": 2,
-        "before": {"confidence": [0.3, 0.8], "accuracy": [0.25, 0.9], "count": [10, 14]},
-        "after": {"confidence": [0.35, 0.75], "accuracy": [0.25, 0.9], "count": [11, 13]},
-    },
-    "unknown_score": "energy",
-    "unknown_accept": 0.95,
-    "unknown_quantiles": [float(q) for q in range(101)],
-    "unknown_threshold": 5.0,
-    "files": {"onnx": "m.onnx", "pt2": "m.pt2"},
-    "verification": {"passed": True},
-}
+from tests.exports import DOC
 
 
 def test_a_sidecar_round_trips_through_its_file(tmp_path: Path) -> None:

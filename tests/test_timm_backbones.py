@@ -19,8 +19,7 @@ from project.errors import UserError
 from project.finetune import depth_groups
 from project.model import ImageClassifier
 from project.models import main as models_main
-from tests.helpers import DECODER_BOUND, fast_args, run_cli
-from tests.test_checkpoint_io import RunsCode, write_deflated
+from tests.helpers import DECODER_BOUND, RunsCode, fast_args, run_cli, write_deflated
 
 timm = pytest.importorskip("timm")
 huggingface_hub = pytest.importorskip("huggingface_hub")
@@ -463,7 +462,7 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
 def test_memory_and_lr_find_measure_a_timm_model(
     workdir: Path, shapes_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.test_memory_budget import MiB, budget_of
+    from tests.helpers import MiB, budget_of
 
     assert run_cli("memory", *timm_args(shapes_root)) == 0
     out = capsys.readouterr().out
@@ -490,10 +489,10 @@ def test_a_timm_model_trains_under_ddp_and_its_checkpoint_validates_alike_on_one
     test_sync_batchnorm_keeps_the_activation_of_timms_norm_layers's): the val/loss DDP measured at the
     end of its epoch is the one its checkpoint gives in one process."""
     from project.cli import ProjectCLI
-    from tests import test_distributed
+    from tests.helpers import DDP, project
 
     flags = ["--name=ddp", "--trainer.devices=2", "--checkpoint.monitor=val/loss", "--checkpoint.mode=min"]
-    result = test_distributed.project(tmp_path, "fit", *test_distributed.DDP, *timm_args(shapes_root, *flags))
+    result = project(tmp_path, "fit", *DDP, *timm_args(shapes_root, *flags))
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = tmp_path / "checkpoints" / "ddp" / "last.ckpt"
     state = saved(checkpoint)

@@ -21,8 +21,8 @@ from project.deploy.serve.models import load_model
 from project.deploy.serve.predictions import Prepared, answer, run_batch
 from project.export import fit_calibration as calibrate
 from project.report import write_reliability
+from tests.exports import tiny_export, with_unknown_keys
 from tests.helpers import fast_args, run_cli
-from tests.test_serve import tiny_export, with_unknown_keys
 
 CALIBRATION_KEYS = {
     "temperature",

@@ -23,7 +23,7 @@ from project.deploy.sidecar import Sidecar
 from project.errors import UserError
 from project.export import fit_calibration
 from project.export.foreign import PER_KIND, foreign_images
-from tests.test_sidecar import DOC as SIDECAR
+from tests.exports import DOC as SIDECAR
 
 STATISTICS = sum(width for _, width in feature_bank.IMAGE_BLOCKS)  # the image's own columns: 72
 
