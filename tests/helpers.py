@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import zipfile
@@ -105,7 +106,6 @@ def tiny_trainer(*callbacks: L.Callback, **kwargs: object) -> L.Trainer:
 def workers_blocking_stop_signals(loader: DataLoader) -> list[bool]:
     """For each worker `loader` starts: whether it blocks SIGTERM and SIGINT (read from /proc)."""
     import multiprocessing
-    import signal
 
     before = set(multiprocessing.active_children())
     batches = iter(loader)
@@ -157,7 +157,7 @@ def budget_of(output: str) -> dict[str, float]:
     return {name.strip(): float(size) for name, size in rows}
 
 
-# the DDP preset on CPU processes (gloo): `project(tmp, "fit", *DDP, ...)` runs two ranks
+# the DDP preset on CPU processes (gloo): `run_module(tmp, "fit", *DDP, ...)` runs two ranks
 DDP = [
     "--config",
     str(REPO / "configs" / "presets" / "ddp.yaml"),
@@ -165,7 +165,7 @@ DDP = [
 ]
 
 
-def project(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+def run_module(cwd: Path, *args: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
     """`python -m project ARGS` (or under a launcher) in a subprocess, as a user would run it."""
     command = [*(launcher or [sys.executable]), "-m", "project", *args]
     env = {
@@ -174,3 +174,8 @@ def project(cwd: Path, *args: str, launcher: list[str] | None = None) -> subproc
         "OMP_NUM_THREADS": "1",
     }
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+# the page tests (serve's page, the report's HTML) drive Debian's Chromium with these flags
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]

@@ -100,9 +100,3 @@ def predict(
     port: int, data: bytes, content_type: str = "image/jpeg", query: str = "", timeout: float = 10
 ) -> tuple[int, dict]:
     return request(port, "POST", f"/predict{query}", data, {"Content-Type": content_type}, timeout)
-
-
-CHROMIUM = Path("/usr/bin/chromium")
-
-
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]

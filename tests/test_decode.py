@@ -19,7 +19,7 @@ from project.data.decode import (
     read_rgb,
 )
 from project.deploy.classifier import Classifier
-from project.deploy.serve import bodies
+from project.deploy.serve import bodies  # room: serve
 from tests.exports import tiny_export
 from tests.helpers import write_image
 
@@ -164,9 +164,9 @@ def test_training_and_torch_free_paths_decode_the_same_pixels(tmp_path: Path, mo
     path = tmp_path / f"image.{suffix}"
     write(path)
     training = load_rgb(path).permute(1, 2, 0).numpy()  # fit, validate, test, predict
-    served, _ = bodies.decode(path.read_bytes(), max_pixels=10**8)
+    served, _ = bodies.decode(path.read_bytes(), max_pixels=10**8)  # room: serve
     assert np.array_equal(read_rgb(path), training)  # infer
-    assert np.array_equal(np.asarray(served), training)  # serve
+    assert np.array_equal(np.asarray(served), training)  # room: serve
     if suffix == "jpg":  # the libjpeg-turbo path really decoded it (no fallback to Pillow)
         assert np.array_equal(_libjpeg_turbo(path.read_bytes()), training)
 
@@ -188,7 +188,7 @@ def test_extreme_aspect_ratios_are_refused_before_decoding(tmp_path: Path, width
         with pytest.raises(BadImageError, match=rf"{width}x{height} pixels, an aspect ratio beyond") as e:
             load(path)
         assert e.value.kind == "shape"
-    assert time.perf_counter() - started < 2  # it took 20 s and 7 GB to resize in serve
+    assert time.perf_counter() - started < 2  # it took 20 s and 7 GB to resize
 
 
 def test_the_aspect_ratio_limit_holds_for_jpeg_headers_and_admits_100_to_1(tmp_path: Path) -> None:

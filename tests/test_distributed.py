@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import DDP, fast_args, project, run_cli
+from tests.helpers import DDP, fast_args, run_cli, run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def odd_root(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Pat
 def ddp_run(tmp_path_factory: pytest.TempPathFactory, odd_root: Path) -> Path:
     """A 2-process DDP fit on CPU; returns the folder it ran in."""
     work = tmp_path_factory.mktemp("ddp")
-    result = project(work, "fit", *DDP, *fast_args(odd_root, "--name=ddp", "--trainer.devices=2"))
+    result = run_module(work, "fit", *DDP, *fast_args(odd_root, "--name=ddp", "--trainer.devices=2"))
     assert result.returncode == 0, result.stderr[-3000:]
     (work / "stdout.txt").write_text(result.stdout)
     return work
@@ -69,8 +69,8 @@ def test_auto_cache_is_decided_once_for_every_process(ddp_run: Path) -> None:
 def test_validation_counts_each_image_once(ddp_run: Path, odd_root: Path) -> None:
     checkpoint = str(ddp_run / "checkpoints" / "ddp" / "last.ckpt")
     flags = ["--ckpt_path", checkpoint, *fast_args(odd_root)]
-    two = project(ddp_run, "validate", *DDP, "--trainer.devices=2", *flags)
-    one = project(ddp_run, "validate", "--trainer.accelerator=cpu", *flags)
+    two = run_module(ddp_run, "validate", *DDP, "--trainer.devices=2", *flags)
+    one = run_module(ddp_run, "validate", "--trainer.accelerator=cpu", *flags)
     assert two.returncode == 0 and one.returncode == 0, two.stderr[-2000:] + one.stderr[-2000:]
     single, double = metrics(one.stdout), metrics(two.stdout)
     assert {"val/acc", "val/loss", "val/f1_macro", "val/top5_acc"} <= set(single)
@@ -95,8 +95,8 @@ def test_ddp_checkpoint_predicts_and_exports_on_one_cpu(
 def test_ddp_predict_writes_each_image_exactly_once(ddp_run: Path, odd_root: Path, tmp_path: Path) -> None:
     checkpoint = ddp_run / "checkpoints" / "ddp" / "last.ckpt"
     args = ["--ckpt_path", str(checkpoint), f"--data.predict_dir={odd_root / 'val'}", "--data.num_workers=0"]
-    two = project(tmp_path, "predict", *DDP, "--trainer.devices=2", *args, "--predictions.output=two.csv")
-    one = project(tmp_path, "predict", "--trainer.accelerator=cpu", *args, "--predictions.output=one.csv")
+    two = run_module(tmp_path, "predict", *DDP, "--trainer.devices=2", *args, "--predictions.output=two.csv")
+    one = run_module(tmp_path, "predict", "--trainer.accelerator=cpu", *args, "--predictions.output=one.csv")
     assert two.returncode == 0 and one.returncode == 0, two.stderr[-2000:] + one.stderr[-2000:]
     with open(tmp_path / "two.csv") as f:
         rows = list(csv.DictReader(f))
@@ -178,7 +178,7 @@ def test_fsdp_config_builds_the_strategy() -> None:
 def test_fsdp_fit_on_gpus(tmp_path: Path, shapes_root: Path) -> None:
     fsdp = ["--config", str(ROOT / "configs" / "presets" / "fsdp.yaml")]
     args = fast_args(shapes_root, "--name=fsdp", "--model.backbone=vit_b_16", "--data.image_size=224")
-    result = project(tmp_path, "fit", *fsdp, *args)
+    result = run_module(tmp_path, "fit", *fsdp, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = tmp_path / "checkpoints" / "fsdp" / "last.ckpt"
     assert run_cli("export", "--ckpt_path", str(checkpoint), f"--output_dir={tmp_path / 'x'}") == 0

@@ -196,14 +196,14 @@ def test_the_readme_preset_paths_work_from_another_folder(installed: Path, elsew
 
 # the module each optional package of pyproject's extras is imported as (a new extra adds its rows)
 EXTRA_MODULES = {
-    "fastapi": "fastapi",
-    "uvicorn": "uvicorn",
-    "httptools": "httptools",
-    "uvloop": "uvloop",
-    "python-multipart": "multipart",
-    "optuna": "optuna",
-    "psycopg2-binary": "psycopg2",
-    "cleanlab": "cleanlab",
+    "fastapi": "fastapi",  # room: serve
+    "uvicorn": "uvicorn",  # room: serve
+    "httptools": "httptools",  # room: serve
+    "uvloop": "uvloop",  # room: serve
+    "python-multipart": "multipart",  # room: serve
+    "optuna": "optuna",  # room: sweep
+    "psycopg2-binary": "psycopg2",  # room: sweep
+    "cleanlab": "cleanlab",  # room: audit
     "grad-cam": "pytorch_grad_cam",
     "openvino": "openvino",
     "timm": "timm",

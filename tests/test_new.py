@@ -374,5 +374,7 @@ def test_renaming_keeps_pyprojects_project_table_read_as_a_dict() -> None:
     rules = renamer("project", "my_task")
     table = 'tomllib.loads(text)["project"]["dependencies"]'
     assert rename_text(table, rules) == table  # the PEP 621 table keeps its name in every pyproject
+    extras = 'tomllib.loads(text)["project"]["optional-dependencies"]'
+    assert rename_text(extras, rules) == extras
     assert rename_text('launchers(installed)["project"]', rules) == 'launchers(installed)["my_task"]'
     assert rename_text("name = 'project'", rules) == "name = 'my_task'"

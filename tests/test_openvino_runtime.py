@@ -1,4 +1,4 @@
-"""An OpenVINO IR in `infer` and `serve`: the same answers as its ONNX file, torch-free, one error line."""
+"""An OpenVINO IR in `infer` (and `serve`): the same answers as its ONNX file, torch-free, one error line."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from PIL import Image
 
 from project.deploy.classifier import Classifier
 from project.deploy.infer import main as infer_main
-from project.deploy.serve.command import main as serve_main
+from project.deploy.serve.command import main as serve_main  # room: serve
 from tests.exports import CLASSES, SIZE, encode, infer, tiny_export
-from tests.servers import Server, predict
+from tests.servers import Server, predict  # room: serve
 
 pytest.importorskip("openvino")
 
@@ -75,12 +75,13 @@ def test_the_ir_runs_batches_from_several_threads_at_once(exported: Path) -> Non
     classifier = Classifier(exported / "m.xml")
     batches = [np.random.default_rng(i).integers(0, 256, (i + 1, 3, SIZE, SIZE), np.uint8) for i in range(8)]
     alone = [classifier.logits(batch) for batch in batches]
-    with ThreadPoolExecutor(4) as pool:  # serve's batches run in threads; each gets its own request
+    with ThreadPoolExecutor(4) as pool:  # batches in threads, as a service runs them
         together = list(pool.map(classifier.logits, batches * 4))
     for i, logits in enumerate(together):
         np.testing.assert_array_equal(logits, alone[i % len(batches)])
 
 
+# room: serve begin
 @pytest.mark.slow
 def test_serve_answers_from_the_ir_without_torch(exported: Path, images: Path, tmp_path: Path) -> None:
     server = Server(exported / "m.xml", log=tmp_path / "server.log")
@@ -96,6 +97,7 @@ def test_serve_answers_from_the_ir_without_torch(exported: Path, images: Path, t
     assert "imported torch: False" in server.log()
 
 
+# room: serve end
 def test_without_openvino_an_ir_is_one_error_line(
     exported: Path, images: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -108,10 +110,12 @@ def test_without_openvino_an_ir_is_one_error_line(
         infer_main(["--model", str(exported / "m.xml"), str(images)])
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [needs]
+    # room: serve begin
     with pytest.raises(SystemExit) as served:
         serve_main(["--model", str(exported / "m.xml"), "--port", "0"])
     assert served.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [needs]
+    # room: serve end
 
 
 def test_an_ir_whose_weights_are_missing_is_one_error_naming_it(

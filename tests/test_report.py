@@ -16,8 +16,7 @@ from PIL import Image
 
 from project.data.shapes import CLASSES
 from project.report import main, read_run
-from tests.helpers import fast_args, run_cli
-from tests.servers import CHROMIUM, FLAGS
+from tests.helpers import CHROMIUM, FLAGS, fast_args, run_cli
 
 REPORT_SCREENSHOT = Path(__file__).parents[1] / "docs" / "images" / "report-page.png"
 

@@ -17,7 +17,8 @@ from PIL import Image
 
 from project.deploy.serve import page as try_page
 from tests.exports import tiny_export, with_unknown_keys
-from tests.servers import CHROMIUM, FLAGS, Server, predict
+from tests.helpers import CHROMIUM, FLAGS
+from tests.servers import Server, predict
 
 FLAGS += ["--disable-component-update", "--disable-sync", "--no-first-run"]
 HOSTILE = "<img src=x onerror=alert(1)>"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.audit.command import main as audit
+from project.audit.command import main as audit  # room: audit
 from project.data.datamodule import ImageDataModule
 from project.data.transforms import eval_transform
 from project.errors import UserError
@@ -31,7 +31,7 @@ def shards(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shards") / "out"
     before = multiprocessing.get_start_method(allow_none=True)
     assert exit_status(optimize, f"--data.root={shapes_root}", f"--output={out}", "--workers=2") == 0
-    # LitData sets "spawn" process-wide; a later pool here (cleanlab's in audit) lost its globals
+    # LitData sets "spawn" process-wide; a later process pool in this process lost its globals
     assert multiprocessing.get_start_method(allow_none=True) == before
     return out
 
@@ -113,6 +113,7 @@ def test_the_export_reads_its_images_from_the_shards(shards: Path) -> None:
     assert sum(len(batch["images"]) for batch in iter(calibration.get_next, None)) == 48
 
 
+# room: audit begin
 @pytest.mark.slow
 def test_audit_reads_the_images_of_the_shards_as_of_their_folder(
     shards: Path, workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -126,6 +127,7 @@ def test_audit_reads_the_images_of_the_shards_as_of_their_folder(
     assert not list(tmp_path.glob("audit-shards-*"))  # the images' copy is gone
 
 
+# room: audit end
 @pytest.mark.slow
 def test_loader_resumes_mid_epoch_with_the_samples_not_yet_seen(shards: Path) -> None:
     data = dataset(shards, "train", seed=3)

@@ -401,8 +401,8 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
     """The model's own filter (test_efficientnet's pretrained config: bicubic) everywhere, calibrated."""
     from project.deploy.classifier import Classifier
     from project.deploy.infer import main as infer_main
-    from project.deploy.serve.models import load_model
-    from project.deploy.serve.predictions import Prepared, answer, run_batch
+    from project.deploy.serve.models import load_model  # room: serve
+    from project.deploy.serve.predictions import Prepared, answer, run_batch  # room: serve
 
     run = timm_run / "checkpoints" / "timm"
     meta = json.loads((run / "latest.json").read_text())
@@ -433,18 +433,20 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
     assert len(by_infer) == 48 and by_predict.keys() == by_infer.keys()
     unknown = sum(row["class_name"] == "unknown" for row in by_infer.values())
     assert 0 < unknown < 48  # the threshold at half the validation images answers some `unknown`
-    served_model = load_model(run / "latest.onnx", unknown_accept=0.5)
+    served_model = load_model(run / "latest.onnx", unknown_accept=0.5)  # room: serve
     for name, row in by_infer.items():
         assert by_predict[name]["class_name"] == row["class_name"], name
         assert float(by_predict[name]["top1_probability"]) == pytest.approx(
             float(row["top1_probability"]), abs=DECODER_BOUND
         )
+        # room: serve begin
         pixels = served_model.classifier.preprocess(images / name)
         served = answer(served_model, run_batch([Prepared(served_model, pixels, 32, 32, None)])[0][0], 1, 1)
         assert served["class_name"] == row["class_name"], name
         assert served["predictions"][0]["probability"] == pytest.approx(
             float(row["top1_probability"]), abs=1e-6
         )
+        # room: serve end
     # int8: near chance after 6 steps, the top two classes are often close: the probabilities agree
     int8 = json.loads((run / "latest-int8.json").read_text())
     assert int8["validation_images"] == 24 and int8["agreement"] >= 0.5
@@ -489,10 +491,10 @@ def test_a_timm_model_trains_under_ddp_and_its_checkpoint_validates_alike_on_one
     test_sync_batchnorm_keeps_the_activation_of_timms_norm_layers's): the val/loss DDP measured at the
     end of its epoch is the one its checkpoint gives in one process."""
     from project.cli import ProjectCLI
-    from tests.helpers import DDP, project
+    from tests.helpers import DDP, run_module
 
     flags = ["--name=ddp", "--trainer.devices=2", "--checkpoint.monitor=val/loss", "--checkpoint.mode=min"]
-    result = project(tmp_path, "fit", *DDP, *timm_args(shapes_root, *flags))
+    result = run_module(tmp_path, "fit", *DDP, *timm_args(shapes_root, *flags))
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = tmp_path / "checkpoints" / "ddp" / "last.ckpt"
     state = saved(checkpoint)

@@ -17,8 +17,8 @@ from project.deploy import calibration
 from project.deploy.calibration import Calibration
 from project.deploy.classifier import Classifier
 from project.deploy.infer import main as infer_main
-from project.deploy.serve.models import load_model
-from project.deploy.serve.predictions import Prepared, answer, run_batch
+from project.deploy.serve.models import load_model  # room: serve
+from project.deploy.serve.predictions import Prepared, answer, run_batch  # room: serve
 from project.export import fit_calibration as calibrate
 from project.report import write_reliability
 from tests.exports import tiny_export, with_unknown_keys
@@ -105,12 +105,14 @@ def test_infer_and_serve_say_why_an_image_is_unknown(
     infer_main(["--model", str(model), *images])
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].split("\t")[1] == f"unknown ({why})" and "unknown" not in printed[1]
+    # room: serve begin
     loaded = load_model(model)
     for name, reason in [("dark", why), ("red", None)]:
         array = loaded.classifier.preprocess(tmp_path / f"{name}.png")
         served = answer(loaded, run_batch([Prepared(loaded, array, 20, 20, None)])[0][0], 2, 1)
         assert served["unknown"]["accept"] == 0.95 and served["unknown"]["threshold"] == pytest.approx(6.0)
         assert served["unknown"]["reason"] == reason, name
+    # room: serve end
 
 
 def test_calibration_is_skipped_with_a_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -244,25 +246,26 @@ def test_predict_infer_and_serve_answer_unknown_alike(
     assert set(by_predict) == set(by_infer) == {p.name for p in pngs.iterdir()}
     decisions = {name: row["class_name"] == "unknown" for name, row in by_infer.items()}
     assert 0 < sum(decisions.values()) < len(decisions)
-    model = load_model(trained / "latest.onnx", unknown_accept=0.5)
-    classifier = model.classifier
+    model = load_model(trained / "latest.onnx", unknown_accept=0.5)  # room: serve
     for name, row in by_infer.items():
         assert by_predict[name]["class_name"] == row["class_name"], name
         for k in (1, 2, 3):
             assert float(by_predict[name][f"top{k}_probability"]) == pytest.approx(
                 float(row[f"top{k}_probability"]), abs=1e-4
             )
-        logits = run_batch([Prepared(model, classifier.preprocess(pngs / name), 1, 1, None)])[0][0]
-        served = answer(model, logits, 3, 1)
-        assert served["class_name"] == row["class_name"]
-        assert served["unknown"]["threshold"] == classifier.calibration.threshold
         # the same reason everywhere: "<score> is below <threshold>, which accepts 50% of ..."
         reason = row["reason"]
-        assert same_reason(served["unknown"]["reason"] or "", reason), name
         assert same_reason(by_predict[name]["reason"], reason), name
         assert ("accepts 50% of the validation images" in reason) == decisions[name], name
+        # room: serve begin
+        logits = run_batch([Prepared(model, model.classifier.preprocess(pngs / name), 1, 1, None)])[0][0]
+        served = answer(model, logits, 3, 1)
+        assert served["class_name"] == row["class_name"]
+        assert served["unknown"]["threshold"] == model.classifier.calibration.threshold
+        assert same_reason(served["unknown"]["reason"] or "", reason), name
         got = [p["probability"] for p in served["predictions"]]
         assert got == pytest.approx([float(row[f"top{k}_probability"]) for k in (1, 2, 3)], abs=1e-6)
+        # room: serve end
     # 0 turns rejection off
     infer_main(
         [

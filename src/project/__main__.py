@@ -1,7 +1,7 @@
 """The one entry point, of `python -m project ...` and of the installed `project` script: dispatch only.
 
-infer, serve, report, doctor, new, sweep, audit, models and optimize have a module of their own and skip
-the training CLI (most of them torch too): they go first. Everything else is a LightningCLI subcommand of
+The commands of COMMANDS (infer, report, new, ...) have a module of their own and skip the training CLI
+(most of them torch too): they go first. Everything else is a LightningCLI subcommand of
 project.cli: fit, validate, test, predict and the Trainer's export, memory, show_batch, lr_find and
 batch_size_find. Every command's main ends a user's mistake the same way
 (project.errors.exits_on_user_error).
@@ -19,12 +19,12 @@ from project.errors import UserError, exits_on_user_error, extra_packages, missi
 # (project.cli)
 COMMANDS = {
     "infer": ("project.deploy.infer", "torch-free inference on an export", None),
-    "serve": ("project.deploy.serve.command", "an HTTP service for an export", "serve"),
+    "serve": ("project.deploy.serve.command", "an HTTP service for an export", "serve"),  # room: serve
     "report": ("project.report", "a run's curves as a PNG", None),
     "doctor": ("project.doctor", "check this machine", None),
     "new": ("project.new", "start a task from this template", None),
-    "sweep": ("project.sweep.command", "a hyperparameter search over these options", "sweep"),
-    "audit": ("project.audit.command", "wrong labels, duplicates, leaks", "audit"),
+    "sweep": ("project.sweep.command", "a hyperparameter search over these options", "sweep"),  # room: sweep
+    "audit": ("project.audit.command", "wrong labels, duplicates, leaks", "audit"),  # room: audit
     "models": ("project.models", "the backbones --model.backbone takes", None),
     "optimize": ("project.optimize", "a data set as LitData shards, local or in a bucket", "shards"),
 }
@@ -58,7 +58,7 @@ def main() -> None:
         run = import_module(module).main
     except ModuleNotFoundError as e:
         if (e.name or "").startswith(f"{__package__}."):
-            # the serving install (deploy/pyproject.toml) ships project.deploy and the modules it needs only
+            # a partial install: the serving one ships project.deploy and the modules it needs only
             raise UserError(
                 f"`{command or 'fit'}` is not part of this install, which runs only `infer` and `serve` "
                 "(the serving install, without torch).",

@@ -1,6 +1,6 @@
 """Start a new task from this template: copy it, rename the package, and commit the copy.
 
-    python -m project new DEST --name NAME
+    python -m project new DEST --name NAME [--without ROOM[,ROOM...] | --without all]
 
 Copies code, configs, tests, docs, bench, README, pyproject and the CI script (no run outputs,
 data, exports, environments, caches or git history); renames the package `src/<old>` to
@@ -13,10 +13,14 @@ add` a new file to take it along). Outside git (a downloaded archive), every fil
 the EXCLUDED_NAMES patterns below. From an installed package (`pip install .`), the package itself,
 its configs/ and template/ (which ships the README, pyproject, tests, docs, bench and CI script through
 the links in src/<package>/template) are put back in a checkout's layout first.
+
+--without leaves optional rooms out (project.rooms): their files, and the lines marked as theirs in the
+files they share with the rest (README rows, dispatch rows, extras, test rows).
 """
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import importlib.util
 import keyword
@@ -32,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from project.errors import CommandParser, UserError, exits_on_user_error
+from project.rooms import ROOMS, room_of, without
 from project.terminal import printable
 
 # The package being copied: the old name in the copy, whatever this package is called today.
@@ -70,7 +75,7 @@ EXCLUDED_TOP = ("data",)
 KEEP_ONLY_GITKEEP = ("logs", "checkpoints")
 
 # Where the copy may still say the old name: prose ("this project"), pyproject's [project] tables (also
-# read as a dict, ["project"]["dependencies"]),
+# read as a dict, ["project"]["dependencies"] and ["project"]["optional-dependencies"]),
 # a test helper function called project(...), and the docs' example of `new` (`--name my_task`, its
 # commit `Start my_task`): a copy of a copy named like the example keeps that example as it was.
 INTENTIONAL = (
@@ -78,7 +83,7 @@ INTENTIONAL = (
     r"the project\b",
     r"new project\b",
     r"\[project\b",
-    r'\["project"\]\["dependencies"\]',
+    r'\["project"\]\["(optional-)?dependencies"\]',
     r"\bproject\(",
     r"\.project\b",  # an attribute of another library's object (a W&B run's): never the package
     r"--name \w+",
@@ -103,7 +108,7 @@ def renamer(old: str, new: str) -> list[tuple[re.Pattern[str], str]]:
         (re.compile(rf"(-m\s+){o}\b"), rf"\1{new}"),  # python -m project
         (re.compile(rf"(?<![\w-])src/{o}\b"), f"src/{new}"),  # the package folder
         # "project": module and distribution names; not pyproject's [project] table read as a dict
-        (re.compile(rf"(?P<q>[\"']){o}(?P=q)(?!\]\[(?P=q)dependencies)"), rf"\g<q>{new}\g<q>"),
+        (re.compile(rf"(?P<q>[\"']){o}(?P=q)(?!\]\[(?P=q)(optional-)?dependencies)"), rf"\g<q>{new}\g<q>"),
         (re.compile(rf"^{o}( = )", re.MULTILINE), rf"{new}\1"),  # pyproject [project.scripts] entry
         (re.compile(rf"^# {o}:", re.MULTILINE), f"# {new}:"),  # README title
         (re.compile(rf"`{o}(?=[`\s])"), f"`{new}"),  # the console script in prose: `project`, `project fit`
@@ -264,29 +269,57 @@ def is_checkout(root: Path, package: str = PACKAGE) -> bool:
     return (root / "pyproject.toml").is_file() and (root / "src" / package).is_dir()
 
 
-def create(dest: Path, name: str, root: Path = TEMPLATE_ROOT, old: str = PACKAGE) -> tuple[int, str | None]:
-    """Write the renamed copy to `dest` via a temporary sibling; return (files copied, commit or None).
-    Without a checkout at `root`, the installed package's own copy of the template is used."""
+def left_out_rooms(value: str) -> set[str]:
+    """The rooms named by --without: a comma-separated list of ROOMS' names, or `all`."""
+    names = {part.strip() for part in value.split(",") if part.strip()}
+    if names == {"all"}:
+        return set(ROOMS)
+    unknown = sorted(names - set(ROOMS))
+    if unknown or not names:
+        rooms = f"the rooms are {', '.join(ROOMS)}" if ROOMS else "this copy has no optional room left"
+        raise UserError(
+            f"--without {value!r}: {', '.join(map(repr, unknown)) or 'nothing'} is not a room; {rooms}.",
+            f"pass rooms separated by commas (e.g. --without {','.join(list(ROOMS)[:2])}), or --without all "
+            "for the core alone; `new --help` says what each holds.",
+        )
+    return names
+
+
+def as_ours(rel: str, old: str) -> str:
+    """A path of a template whose package is `old`, as this package's ROOMS name it (src/<package>/)."""
+    return re.sub(rf"(^|/)src/{re.escape(old)}(/|$)", rf"\1src/{PACKAGE}\2", rel)
+
+
+def create(
+    dest: Path,
+    name: str,
+    root: Path = TEMPLATE_ROOT,
+    old: str = PACKAGE,
+    left_out: frozenset[str] = frozenset(),
+) -> tuple[int, str | None]:
+    """Write the renamed copy to `dest` via a temporary sibling, less the rooms `left_out`; return (files
+    copied, commit or None). Without a checkout at `root`, the installed package's own copy of the
+    template is used."""
     if root == TEMPLATE_ROOT and not is_checkout(root, old):
         with installed_template() as checkout:
-            return create(dest, name, checkout, old)
+            return create(dest, name, checkout, old, left_out)
     dest = Path(dest).absolute()
     check_name(name, old)
     try:
         check_dest(dest, root)
-        return _create(dest, name, root, old)
+        return _create(dest, name, root, old, set(left_out))
     except OSError as e:
         raise cannot_write(dest, e) from None
 
 
-def _create(dest: Path, name: str, root: Path, old: str) -> tuple[int, str | None]:
+def _create(dest: Path, name: str, root: Path, old: str, left_out: set[str]) -> tuple[int, str | None]:
     """The copy itself, once the name and the destination are checked."""
     if not is_checkout(root, old):
         raise UserError(
             f"The template's sources are not at '{root}' (no pyproject.toml or src/{old}/).",
             "pass the root of a checkout of the template.",
         )
-    files = template_files(root)
+    files = [rel for rel in template_files(root) if room_of(as_ours(rel, old)) not in left_out]
     rules = renamer(old, name)
     dest.parent.mkdir(parents=True, exist_ok=True)
     # a prefix short enough for the file system's limit on a name, whatever DEST's length
@@ -303,7 +336,8 @@ def _create(dest: Path, name: str, root: Path, old: str) -> tuple[int, str | Non
                 continue
             data = (root / rel).read_bytes()
             try:
-                target.write_text(rename_text(data.decode("utf-8"), rules), encoding="utf-8")
+                text = without(data.decode("utf-8"), left_out)
+                target.write_text(rename_text(text, rules), encoding="utf-8")
             except UnicodeDecodeError:  # binary: copied as it is
                 target.write_bytes(data)
             shutil.copymode(root / rel, target)  # keeps .ci/run executable
@@ -428,11 +462,21 @@ def _git_commit(folder: Path, name: str) -> str | None:
 
 @exits_on_user_error
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = CommandParser(prog=f"python -m {PACKAGE} new", description=__doc__.split("\n\n")[0])
+    rooms = "\n".join(f"  {name:<8} {room.summary}" for name, room in ROOMS.items())
+    parser = CommandParser(
+        prog=f"python -m {PACKAGE} new",
+        description=__doc__.split("\n\n")[0],
+        epilog=f"optional rooms (--without):\n{rooms}\n  all      every room: the core alone",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("dest", type=Path, help="folder to create (must not exist, or be empty)")
     parser.add_argument("--name", required=True, help="the new package name, a Python identifier")
+    parser.add_argument(
+        "--without", default="", metavar="ROOM[,ROOM...]", help="optional rooms to leave out, or all"
+    )
     args = parser.parse_args(argv)
-    count, commit = create(args.dest, args.name)
+    left_out = left_out_rooms(args.without) if args.without else set()
+    count, commit = create(args.dest, args.name, left_out=frozenset(left_out))
     note = f"git commit {commit}" if commit else "no git repository: git is not installed"
     dest = printable(str(args.dest))  # a folder name could hold terminal control characters
     print(

@@ -1,5 +1,5 @@
 """The Lightning Trainer plus the `export`, `memory`, `show_batch`, `lr_find` and `batch_size_find` methods,
-which LightningCLI turns into subcommands (`audit` has its own CLI: project.audit.command)."""
+which LightningCLI turns into subcommands (the commands with a CLI of their own: __main__.COMMANDS)."""
 
 from __future__ import annotations
 

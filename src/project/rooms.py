@@ -1,0 +1,108 @@
+"""The optional rooms of the template: parts a new task can leave out whole (`new DEST --without ROOM`).
+
+A room owns its files (source, tests, docs, benchmarks, configs: glob patterns from the checkout's root),
+the extras of pyproject.toml its packages come from, and its commands (their rows in
+__main__.COMMANDS). Whatever belongs to no room is the core: fit, validate, test, predict, export,
+infer, report and the callbacks that guard a run.
+
+Lines that belong to a room inside a shared file (a README row, a dispatch row, a test's row, an extra)
+carry a marker in that file's comment syntax, and go with the room:
+
+    "name": ("project.name.command", "what it does", "extra"),  # room: ROOM
+    | `name` | what it does | [its page](docs/name.md) | <!-- room: ROOM -->
+
+(ROOM being the room's name, in lower case), and a block of lines sits between `room: ROOM begin` and
+`room: ROOM end` marker lines. The rules that
+keep rooms apart (no core import of a room, no room reaching into another, every marker naming a room,
+nothing left behind in a clone) are tests/test_rooms.py.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Room:
+    """An optional part of the template: what it is for, and everything that goes with it."""
+
+    summary: str
+    files: tuple[str, ...]  # glob patterns (fnmatch, from the checkout's root; `*` crosses folders)
+    extras: tuple[str, ...] = ()  # pyproject.toml's optional-dependencies that only this room uses
+    commands: tuple[str, ...] = ()  # rows of __main__.COMMANDS
+
+    def owns(self, path: str) -> bool:
+        """Whether `path` (relative to the checkout's root, with /) is one of this room's files."""
+        return any(fnmatch.fnmatch(path, pattern) for pattern in self.files)
+
+
+ROOMS = {
+    # room: serve begin
+    "serve": Room(
+        "an HTTP service for an export (FastAPI on uvicorn), its page, and the torch-free serving image",
+        files=(
+            "src/project/deploy/serve/*",
+            "deploy/*",
+            "src/project/template/deploy",
+            "tests/test_serve.py",
+            "tests/test_serve_page.py",
+            "tests/test_deploy_install.py",
+            "tests/servers.py",
+            "docs/serve.md",
+            "docs/deploy.md",
+            "docs/images/serve-page.png",
+            "bench/serve_load.py",
+        ),
+        extras=("serve",),
+        commands=("serve",),
+    ),
+    # room: serve end
+    # room: sweep begin
+    "sweep": Room(
+        "hyperparameter searches over fit's own options with Optuna (resumable, pruned, parallel)",
+        files=("src/project/sweep/*", "tests/test_sweep.py", "docs/sweep.md", "configs/sweeps/*"),
+        extras=("sweep", "postgres"),
+        commands=("sweep",),
+    ),
+    # room: sweep end
+    # room: audit begin
+    "audit": Room(
+        "a data set's wrong labels, duplicates, leaks and outliers (cleanlab, cross-validated folds)",
+        files=(
+            "src/project/audit/*",
+            "tests/test_audit.py",
+            "docs/audit.md",
+            "docs/audit-data-set.md",
+            "bench/audit_quality.py",
+        ),
+        extras=("audit",),
+        commands=("audit",),
+    ),
+    # room: audit end
+}
+
+# `room: NAME` in a comment marks a line; `room: NAME begin` ... `room: NAME end` a block of lines
+MARKER = re.compile(r"(?:#|<!--)\s*room:\s*(?P<name>[a-z_]+)(?:\s+(?P<edge>begin|end))?\b")
+
+
+def room_of(path: str) -> str | None:
+    """The room a file belongs to, or None for the core."""
+    return next((name for name, room in ROOMS.items() if room.owns(path)), None)
+
+
+def without(text: str, left_out: set[str]) -> str:
+    """`text` less the lines marked for the rooms in `left_out` (each marker line of a block goes too)."""
+    kept, inside = [], []
+    for line in text.splitlines(keepends=True):
+        found = MARKER.search(line)
+        name, edge = (found["name"], found["edge"]) if found else (None, None)
+        if edge == "begin":
+            inside.append(name)
+        skip = any(n in left_out for n in inside) or (name in left_out)
+        if edge == "end" and inside and inside[-1] == name:
+            inside.pop()
+        if not skip:
+            kept.append(line)
+    return "".join(kept)

@@ -1,0 +1,220 @@
+"""The optional rooms (project.rooms): each can be left out whole, and nothing else depends on it.
+
+The static tests read the template as `new --without ROOM` would copy it (each shared file less the
+lines marked for ROOM) and look for any trace of the room: an import of its modules, its module or file
+names, a Markdown link to its pages, its extras or commands. The clone tests make real copies.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import os
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from project import new
+from project.rooms import MARKER, ROOMS, room_of, without
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = new.PACKAGE
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # a Markdown link's target, less its anchor
+
+
+@cache
+def files() -> tuple[str, ...]:
+    return tuple(new.template_files(REPO))
+
+
+@cache
+def text(rel: str) -> str | None:
+    try:
+        return (REPO / rel).read_text(encoding="utf-8")
+    except (UnicodeDecodeError, IsADirectoryError):
+        return None
+
+
+def owned(name: str) -> list[str]:
+    return [rel for rel in files() if room_of(rel) == name]
+
+
+def modules(name: str) -> list[str]:
+    """The dotted names of a room's modules and packages (`<package>.<room>`, `<package>.<room>.command`)."""
+    found = []
+    for rel in owned(name):
+        if rel.startswith(f"src/{PACKAGE}/") and rel.endswith(".py"):
+            parts = Path(rel).with_suffix("").parts[1:]
+            found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+def test_every_room_owns_files_of_its_own_and_its_extras_exist() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for name, room in ROOMS.items():
+        assert owned(name), f"room {name}: no file matches {room.files}"
+        unmatched = [p for p in room.files if not any(fnmatch.fnmatch(rel, p) for rel in files())]
+        assert unmatched == [], f"room {name}: patterns that match nothing"
+        assert set(room.extras) <= set(extras), name
+    for rel in files():
+        assert sum(room.owns(rel) for room in ROOMS.values()) <= 1, f"{rel} is in two rooms"
+
+
+def test_every_marker_names_a_room_and_every_block_closes() -> None:
+    problems = []
+    for rel in files():
+        content = text(rel)
+        if content is None:
+            continue
+        open_blocks: list[str] = []
+        for number, line in enumerate(content.splitlines(), 1):
+            found = MARKER.search(line)
+            if not found:
+                continue
+            if found["name"] not in ROOMS:
+                problems.append(f"{rel}:{number}: room {found['name']!r} is not in ROOMS")
+            if found["edge"] == "begin":
+                open_blocks.append(found["name"])
+            elif found["edge"] == "end" and (not open_blocks or open_blocks.pop() != found["name"]):
+                problems.append(f"{rel}:{number}: `room: {found['name']} end` closes no block of it")
+        problems += [f"{rel}: `room: {name} begin` is never closed" for name in open_blocks]
+    assert problems == []
+
+
+def suffixes(paths: list[str]) -> set[str]:
+    """The paths, and each of their ends of two parts or more (`b/c.py` of `a/b/c.py`)."""
+    return {"/".join(Path(p).parts[i:]) for p in paths for i in range(len(Path(p).parts) - 1)}
+
+
+def test_what_stays_without_a_room_names_none_of_it() -> None:
+    """Every file another room or the core keeps, less the lines marked for the room: no import of the
+    room's modules, no mention of them or of its files, no Markdown link to its pages."""
+    assert [trace for name in ROOMS for trace in traces_of(name)] == []
+
+
+def traces_of(name: str) -> list[str]:
+    room_files = owned(name)
+    dotted = modules(name)
+    names = re.compile(r"\b(" + "|".join(map(re.escape, dotted)) + r")\b") if dotted else None
+    # a file named by its path from the root or from a folder on the way (`b/c.py` of `a/b/c.py`),
+    # unless another file's path ends the same way (deploy/src/project/ mirrors src/project/)
+    kept = [rel for rel in files() if rel not in room_files]
+    paths = suffixes(room_files) - suffixes(kept) - suffixes([str(Path(rel).parent) for rel in kept])
+    mentions = re.compile(r"(?<![\w/.-])(" + "|".join(map(re.escape, sorted(paths))) + r")(?![\w-])")
+    traces = []
+    for rel in files():
+        if rel in room_files or (content := text(rel)) is None:
+            continue
+        kept_text = without(content, {name})
+        if rel.endswith(".py"):
+            found = names.findall(kept_text) if names else []
+            traces += [f"{rel}: names {n}" for n in sorted(set(found))]
+        traces += [f"{rel}: names {m}" for m in sorted(set(mentions.findall(kept_text)))]
+        if rel.endswith((".md", ".ipynb")):
+            for target in LINK.findall(kept_text):
+                resolved = os.path.normpath(Path(rel).parent / target).replace(os.sep, "/")
+                if resolved in room_files:
+                    traces.append(f"{rel}: links to {target}")
+    return traces
+
+
+def test_without_a_room_its_extras_and_commands_go() -> None:
+    full = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for name, room in ROOMS.items():
+        extras = tomllib.loads(without((REPO / "pyproject.toml").read_text(), {name}))["project"][
+            "optional-dependencies"
+        ]
+        assert not set(room.extras) & set(extras), name
+        leftover = [r for extra in room.extras for r in full[extra] if r in extras["dev"]]
+        assert leftover == [], f"without {name}, dev still installs {leftover}"
+        dispatch = ast.parse(without((REPO / "src" / PACKAGE / "__main__.py").read_text(), {name}))
+        commands = next(
+            node.value
+            for node in dispatch.body
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "COMMANDS"
+        )
+        left = {key.value for key in commands.keys}
+        assert left and not set(room.commands) & left, (name, left)
+
+
+def test_the_core_and_each_room_import_no_other_room() -> None:
+    """Imports anywhere in a module (inside functions too: a left-out room's module is gone), once the
+    lines marked for the imported room are left out."""
+    owners = {module: name for name in ROOMS for module in modules(name)}
+    found = []
+    for rel in files():
+        if not rel.endswith(".py") or (content := text(rel)) is None:
+            continue
+        home = room_of(rel)
+        for name in ROOMS:
+            if name == home:
+                continue
+            for node in ast.walk(ast.parse(without(content, {name}))):
+                imported = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    imported = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                found += [f"{rel} imports {m} ({name})" for m in imported if owners.get(m) == name]
+    assert found == []
+
+
+def test_an_unknown_room_is_one_error_line_and_writes_nothing(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        new.main([str(tmp_path / "copy"), "--name", "task", "--without", "nope"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --without 'nope': 'nope' is not a room; ")
+    assert "Fix: " in err and not (tmp_path / "copy").exists()
+
+
+def test_new_help_lists_every_room() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", PACKAGE, "new", "--help"], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 0
+    for name, room in ROOMS.items():
+        assert re.search(rf"^  {name} +{re.escape(room.summary)}$", done.stdout, re.M), name
+
+
+@pytest.mark.slow
+def test_the_core_alone_has_no_room_and_passes_its_tests(tmp_path: Path, shapes_root: Path) -> None:
+    """`new --without all`: none of any room's files, extras or commands; its own convention, error and
+    rooms tests pass, and it trains."""
+    dest = tmp_path / "core"
+    new.main([str(dest), "--name", "core_task", "--without", "all"])
+    for name in ROOMS:
+        for rel in owned(name):
+            assert not (dest / re.sub(rf"^src/{PACKAGE}/", "src/core_task/", rel)).exists(), rel
+    pyproject = tomllib.loads((dest / "pyproject.toml").read_text())
+    dependencies = pyproject["project"]["dependencies"]
+    required = " ".join(dependencies + pyproject["project"]["optional-dependencies"]["dev"])
+    for package in ("fastapi", "uvicorn", "optuna", "cleanlab"):
+        assert package not in required, package
+    assert "room:" not in (dest / "README.md").read_text()
+    env = {**os.environ, "PYTHONPATH": str(dest / "src")}
+    tests = ["tests/test_conventions.py", "tests/test_rooms.py", "tests/test_errors.py", "tests/test_cli.py"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow", *tests],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    command = [sys.executable, "-m", "core_task"]
+    done = subprocess.run([*command, "--help"], cwd=dest, env=env, capture_output=True, text=True)
+    listed = " ".join(done.stdout.split())  # the command list, as argparse wraps it
+    assert "infer (torch-free" in listed and not re.search(r"\b(serve|sweep|audit) \(", listed), listed
+    flags = ["--trainer.fast_dev_run=true", "--data.image_size=32", "--data.batch_size=8"]
+    fit = subprocess.run(
+        [*command, "fit", f"--data.root={shapes_root}", *flags, "--data.num_workers=0"],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
