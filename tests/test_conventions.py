@@ -547,3 +547,18 @@ def test_the_where_does_it_go_table_names_files_and_names_that_exist() -> None:
             if not any(defines(name.removesuffix("()"), text) for text in sources.values()):
                 missing.append(f"{name}: defined nowhere in the package")
     assert missing == []
+
+
+def test_the_export_targets_do_not_import_their_table() -> None:
+    """targets.py imports each target's module for its row; a target's module takes its types from
+    export/target.py, so the table and its rows never import each other (not even for type hints)."""
+    from project.export.targets import TARGETS
+
+    modules = {inspect.getmodule(target.load) for target in TARGETS.values()}
+    assert len(modules) == len(TARGETS)
+    back = [
+        m.__name__
+        for m in modules
+        if re.search(r"export\.targets\b|export import targets\b", inspect.getsource(m))
+    ]
+    assert back == []

@@ -14,7 +14,7 @@ from project.deploy.calibration import Outputs
 from project.export.deployable import OUTPUTS, dynamic_batch, example_batch
 
 if TYPE_CHECKING:
-    from project.export.targets import Files, Runner, Source
+    from project.export.target import Files, Runner, Source
 
 
 def torchscript(source: Source, files: Files) -> bool:

@@ -20,7 +20,7 @@ from project.deploy.calibration import Outputs
 from project.deploy.openvino_runtime import OpenVINOSession, import_openvino
 
 if TYPE_CHECKING:
-    from project.export.targets import Files, Runner, Source
+    from project.export.target import Files, Runner, Source
 
 # renamed into place in this order: the weights first, so that a graph under its final name
 # always has its weights beside it

@@ -7,9 +7,10 @@ from typing import Literal, get_args
 
 from project.deploy.calibration import DEFAULT_ACCEPT, SCORES
 from project.errors import UserError
+from project.export.targets import FORMATS
 
-# --format: ONNX (+ .pt2), or also an optional target (project.export.targets) beside them
-Format = Literal["onnx", "openvino"]
+# --format: ONNX (+ .pt2), or also an optional target beside them: the names come from the targets' table
+Format = Literal[FORMATS]  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)

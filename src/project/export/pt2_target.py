@@ -10,7 +10,7 @@ import torch
 from project.deploy.calibration import Outputs
 
 if TYPE_CHECKING:
-    from project.export.targets import Files, Runner, Source
+    from project.export.target import Files, Runner, Source
 
 
 def write(source: Source, files: Files) -> bool:
