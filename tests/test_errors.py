@@ -32,7 +32,7 @@ MISTAKES = {
     "serve": ["--model", "model.onnx", "--max_batch_size=0"],  # room: serve
     "new": ["elsewhere", "--name", "1bad"],
     "report": ["missing-run"],
-    "doctor": ["--workers", "-1"],
+    "doctor": ["--workers", "-1"],  # room: doctor
     "models": ["no-such-backbone-anywhere"],
     "optimize": ["--output=out", "--max_side=0"],
 }
@@ -56,7 +56,7 @@ COMMAND_LINES = {
     "serve": ["--model", "model.onnx", "--port", "abc"],  # room: serve
     "new": ["elsewhere"],
     "report": [],
-    "doctor": ["--workers", "abc"],
+    "doctor": ["--workers", "abc"],  # room: doctor
     "models": ["resnet*", "extra"],
     "optimize": ["--output=out", "--workers=abc"],
 }
@@ -201,11 +201,11 @@ def assert_one_error_line(outcome: dict) -> None:
         ),
         (
             "unrecognized arguments: --worker 3",
-            "python -m project doctor does not take --worker 3. Fix: did you mean --workers?",
+            "python -m project report does not take --worker 3. Fix: did you mean --workers?",
         ),
         (
             "the following arguments are required: --folders",
-            "Missing from the command line: --folders (needed by python -m project doctor). "
+            "Missing from the command line: --folders (needed by python -m project report). "
             "Fix: pass --folders",
         ),
         (
@@ -215,7 +215,7 @@ def assert_one_error_line(outcome: dict) -> None:
     ],
 )
 def test_parser_messages_become_one_line_naming_the_option(message: str, expected: str) -> None:
-    error = usage_error(message, "python -m project doctor", ["--workers", "--folders", "--help"])
+    error = usage_error(message, "python -m project report", ["--workers", "--folders", "--help"])
     assert str(error).startswith(expected) and "\n" not in str(error)
 
 

@@ -34,6 +34,9 @@ def files() -> tuple[str, ...]:
 
 @cache
 def text(rel: str) -> str | None:
+    """A file's text; None for a binary file and for a link (src/<package>/template/: its target is read)."""
+    if (REPO / rel).is_symlink():
+        return None
     try:
         return (REPO / rel).read_text(encoding="utf-8")
     except (UnicodeDecodeError, IsADirectoryError):
@@ -106,6 +109,9 @@ def traces_of(name: str) -> list[str]:
     kept = [rel for rel in files() if rel not in room_files]
     paths = suffixes(room_files) - suffixes(kept) - suffixes([str(Path(rel).parent) for rel in kept])
     mentions = re.compile(r"(?<![\w/.-])(" + "|".join(map(re.escape, sorted(paths))) + r")(?![\w-])")
+    # its commands run (`-m <package> NAME`), or given a row of their own (`| `NAME` |`, `"NAME": [`)
+    commands = "|".join(map(re.escape, ROOMS[name].commands)) or "(?!)"
+    uses = re.compile(rf"-m {PACKAGE} ({commands})\b|^\| `({commands})` \||^\s*\"({commands})\": [\[(]", re.M)
     traces = []
     for rel in files():
         if rel in room_files or (content := text(rel)) is None:
@@ -115,6 +121,7 @@ def traces_of(name: str) -> list[str]:
             found = names.findall(kept_text) if names else []
             traces += [f"{rel}: names {n}" for n in sorted(set(found))]
         traces += [f"{rel}: names {m}" for m in sorted(set(mentions.findall(kept_text)))]
+        traces += [f"{rel}: runs or lists `{m.group(0).strip()}`" for m in uses.finditer(kept_text)]
         if rel.endswith((".md", ".ipynb")):
             for target in LINK.findall(kept_text):
                 resolved = os.path.normpath(Path(rel).parent / target).replace(os.sep, "/")

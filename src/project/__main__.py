@@ -21,7 +21,7 @@ COMMANDS = {
     "infer": ("project.deploy.infer", "torch-free inference on an export", None),
     "serve": ("project.deploy.serve.command", "an HTTP service for an export", "serve"),  # room: serve
     "report": ("project.report", "a run's curves as a PNG", None),
-    "doctor": ("project.doctor", "check this machine", None),
+    "doctor": ("project.doctor", "check this machine", None),  # room: doctor
     "new": ("project.new", "start a task from this template", None),
     "sweep": ("project.sweep.command", "a hyperparameter search over these options", "sweep"),  # room: sweep
     "audit": ("project.audit.command", "wrong labels, duplicates, leaks", "audit"),  # room: audit

@@ -106,7 +106,7 @@ def usage_error(message: str, prog: str, options: Iterable[str] = ()) -> UserErr
 
     Args:
         message: the parser's message (jsonargparse's spans several lines).
-        prog: the command (`python -m project serve`), for the pointer to its --help.
+        prog: the command (`python -m project infer`), for the pointer to its --help.
         options: its option strings, for a suggestion when one is misspelt.
     """
     see = f"`{prog} --help` says what each option takes"

@@ -81,6 +81,13 @@ ROOMS = {
         commands=("audit",),
     ),
     # room: audit end
+    # room: doctor begin
+    "doctor": Room(
+        "`doctor`: this machine checked before a run (versions, CUDA, devices, loader workers, disk)",
+        files=("src/project/doctor.py", "tests/test_doctor.py"),
+        commands=("doctor",),
+    ),
+    # room: doctor end
 }
 
 # `room: NAME` in a comment marks a line; `room: NAME begin` ... `room: NAME end` a block of lines
