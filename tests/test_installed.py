@@ -204,7 +204,7 @@ EXTRA_MODULES = {
     "optuna": "optuna",  # room: sweep
     "psycopg2-binary": "psycopg2",  # room: sweep
     "cleanlab": "cleanlab",  # room: audit
-    "grad-cam": "pytorch_grad_cam",
+    "grad-cam": "pytorch_grad_cam",  # room: explain
     "openvino": "openvino",
     "timm": "timm",
     "huggingface_hub": "huggingface_hub",

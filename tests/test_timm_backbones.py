@@ -204,6 +204,7 @@ def test_freezing_a_timm_backbone_trains_its_classifier_only() -> None:
     assert not model.net.bn2.training and model.net.classifier.training
 
 
+# room: explain begin
 def test_grad_cam_target_layers_of_a_timm_cnn_and_vit() -> None:
     pytest.importorskip("pytorch_grad_cam")
     from project.explain import Explainer, target_layer
@@ -221,6 +222,7 @@ def test_grad_cam_target_layers_of_a_timm_cnn_and_vit() -> None:
     assert maps.reshape(2, -1).std(axis=1).min() > 0  # a map over the 2x2 patch grid, not a constant
 
 
+# room: explain end
 # One of each family, built as `fit` builds them (random weights), at 32 px: timm's own tiny test
 # variants (same model classes, a few blocks of few channels) where it has one, to keep the export cheap.
 FAMILIES = [

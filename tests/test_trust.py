@@ -322,13 +322,14 @@ def test_the_int8_export_is_measured_and_runs(trained: Path, pngs: Path) -> None
         assert top2.probabilities[0] >= top2.probabilities[1] and sum(top2.probabilities) <= 1 + 1e-9
 
 
+# room: explain begin
 @pytest.mark.slow
 def test_predict_explain_writes_an_overlay_per_image(
     trained: Path, pngs: Path, tmp_path: Path, workdir: Path
 ) -> None:
     ckpt = json.loads((trained / "latest.json").read_text())["source_checkpoint"]["path"]
     flags = [f"--ckpt_path={ckpt}", f"--data.predict_dir={pngs}", "--data.num_workers=0"]
-    flags += [f"--predictions.output={tmp_path / 'p.csv'}", f"--predictions.explain_dir={tmp_path / 'cam'}"]
+    flags += [f"--predictions.output={tmp_path / 'p.csv'}", f"--explain.dir={tmp_path / 'cam'}"]
     assert run_cli("predict", *flags, "--trainer.logger=false") == 0
     overlays = sorted(p.name for p in (tmp_path / "cam").iterdir())
     assert overlays == sorted(f"{p.name}.cam.png" for p in pngs.iterdir())
@@ -336,6 +337,7 @@ def test_predict_explain_writes_an_overlay_per_image(
     assert image.shape == (32, 32, 3) and image.std() > 0
 
 
+# room: explain end
 @pytest.mark.slow
 def test_flip_tta_keeps_the_exports_unknown_rule(
     trained: Path, colours_root: Path, tmp_path: Path, workdir: Path

@@ -38,6 +38,7 @@ from project.callbacks import (
     TrackerArtifacts,
     TrainingImages,
 )
+from project.callbacks.grad_cam import GradCam  # room: explain
 from project.callbacks.save_config import AtomicSaveConfig
 from project.checkpoint_values import checkpoint_layer
 from project.config_checks import check_cli_config
@@ -94,6 +95,7 @@ CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
     # off unless --ema.decay: validation, checkpoints and the export get the averaged weights
     "ema": (EMA, {}),
     "predictions": (PredictionWriter, {}),
+    "explain": (GradCam, {}),  # room: explain
     "export_best": (ExportBest, {}),
     "data_check": (DataCheck, {}),
     "non_finite": (NonFiniteGuard, {}),

@@ -1,4 +1,4 @@
-"""Grad-CAM heat maps of predictions (`predict --predictions.explain_dir=DIR`), for error analysis.
+"""Grad-CAM heat maps of predictions (`predict --explain.dir=DIR`: callbacks/grad_cam.py), for error analysis.
 
 Which parts of an image drove the predicted class: the gradients of that class's logit weight
 the activations of the network's last convolutional block, or a vision transformer's last block
@@ -38,7 +38,7 @@ def target_layer(net: nn.Module, backbone: str) -> nn.Module:
             f"Grad-CAM is not set up for '{backbone}': a transformer's attention maps are not a "
             "convolution's feature map.",
             "explain a convolutional backbone (resnet, mobilenet, efficientnet, convnext, regnet), "
-            "or leave --predictions.explain_dir unset.",
+            "or leave --explain.dir unset.",
         )
     head = head_of(net)
     blocks = [
@@ -75,7 +75,7 @@ class Explainer:
         try:
             from pytorch_grad_cam import GradCAM
         except ImportError:
-            raise missing_package("--predictions.explain_dir", "explain", "grad-cam") from None
+            raise missing_package("--explain.dir", "explain", "grad-cam") from None
         self.model = nn.Sequential(normalize, net)
         self.cam = GradCAM(self.model, [target_layer(net, backbone)], reshape_transform=feature_map(net))
 

@@ -88,6 +88,13 @@ ROOMS = {
         commands=("doctor",),
     ),
     # room: doctor end
+    # room: explain begin
+    "explain": Room(
+        "Grad-CAM overlays of predict's images (`--explain.dir`), for error analysis (pytorch-grad-cam)",
+        files=("src/project/explain.py", "src/project/callbacks/grad_cam.py"),
+        extras=("explain",),
+    ),
+    # room: explain end
 }
 
 # `room: NAME` in a comment marks a line; `room: NAME begin` ... `room: NAME end` a block of lines

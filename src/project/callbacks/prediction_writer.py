@@ -52,7 +52,6 @@ class PredictionWriter(BasePredictionWriter):
         top_k: int = 5,
         sidecar: str | None = "auto",
         unknown_accept: float | None = None,
-        explain_dir: str | None = None,
     ) -> None:
         """
         Args:
@@ -63,7 +62,6 @@ class PredictionWriter(BasePredictionWriter):
                 `auto`: the newest export of --ckpt_path in its folder; null: plain softmax.
             unknown_accept: Override the export's share of validation images accepted (0: never
                 `unknown`); null: the export's.
-            explain_dir: Write a Grad-CAM overlay per image here (`<file>.cam.png`); null: none.
         """
         super().__init__(write_interval="batch")
         self.output = Path(output) if output is not None else None
@@ -71,9 +69,7 @@ class PredictionWriter(BasePredictionWriter):
         self.top_k = top_k
         self.sidecar = sidecar
         self.unknown_accept = unknown_accept
-        self.explain_dir = Path(explain_dir) if explain_dir else None
         self.calibration = Calibration()
-        self._explainer: Any = None
         self._positions: list[torch.Tensor] = []
         self._probabilities: list[torch.Tensor] = []
         self._classes: list[torch.Tensor] = []
@@ -104,10 +100,6 @@ class PredictionWriter(BasePredictionWriter):
                 self.calibration = found.calibration(self.unknown_accept)
         net = getattr(pl_module, "net", None)  # a classifier of this project: take its plain view's outputs
         self._first_view = None if net is None else FirstView(net, self.calibration.needs_features)
-        if self.explain_dir is not None:
-            from project.explain import Explainer
-
-            self._explainer = Explainer(pl_module.normalize, pl_module.net, pl_module.hparams.backbone)
 
     def _export_sidecar(self, trainer: L.Trainer) -> Sidecar | None:
         """The sidecar to calibrate with, or None (said on stdout) when there is none."""
@@ -170,10 +162,6 @@ class PredictionWriter(BasePredictionWriter):
         self._classes.append(classes)
         self._known.append(known)
         self._scores.append(scores)
-        if self._explainer is not None:
-            dataset = trainer.predict_dataloaders.dataset
-            names = [_relative(dataset.files[i], dataset.root) for i in batch[1].tolist()]
-            self._explainer.write(batch[0], names, self.explain_dir)
 
     @override
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -219,12 +207,12 @@ class PredictionWriter(BasePredictionWriter):
         if is_multilabel(pl_module):
             writer.writerow(prediction_csv.multilabel_header(names))
             for i, probs, *_ in rows:
-                file = _relative(dataset.files[i], dataset.root)
+                file = relative_name(dataset.files[i], dataset.root)
                 writer.writerow(prediction_csv.multilabel_row(file, names, probs, pl_module.threshold))
             return
         writer.writerow(prediction_csv.header(self._k(pl_module)))
         for i, top_p, top_c, known, score in rows:
-            file = _relative(dataset.files[i], dataset.root)
+            file = relative_name(dataset.files[i], dataset.root)
             top = [names[c] for c in top_c]
             if known:
                 writer.writerow(prediction_csv.row(file, top, top_p))
@@ -335,7 +323,8 @@ def _gather(trainer: L.Trainer, pl_module: L.LightningModule, local: torch.Tenso
     return torch.cat([part[:n] for part, n in zip(gathered, counts, strict=True)])
 
 
-def _relative(path: Path, root: Path) -> str:
+def relative_name(path: Path, root: Path | None) -> str:
+    """An image's name in the outputs: its path under the predicted folder."""
     return os.fsdecode(path.relative_to(root)) if root is not None else os.fsdecode(path)
 
 
