@@ -164,6 +164,7 @@ def test_an_empty_destination_folder_is_filled(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
 
+# room: notebooks begin
 def test_the_notebooks_are_cloned_renamed(tmp_path: Path) -> None:
     """The clone's notebooks import and run its own package (`from petalnet import api`), not this one.
 
@@ -178,6 +179,9 @@ def test_the_notebooks_are_cloned_renamed(tmp_path: Path) -> None:
         code = "\n".join(cell.source for cell in notebook.cells)
         assert "from petalnet import api" in code and "from petalnet.data.shapes import" in code
         assert not re.search(rf"\b{OLD}\.|import {OLD}\b|from {OLD}\b|-m {OLD}\b", code)
+
+
+# room: notebooks end
 
 
 def test_outside_git_the_tree_is_walked_with_exclusions(tmp_path: Path) -> None:

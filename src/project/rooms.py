@@ -95,6 +95,12 @@ ROOMS = {
         extras=("explain",),
     ),
     # room: explain end
+    # room: notebooks begin
+    "notebooks": Room(
+        "two Jupyter notebooks on the Python API (a quickstart, your own images), run by the tests",
+        files=("notebooks/*", "tests/test_notebooks.py"),
+    ),
+    # room: notebooks end
 }
 
 # `room: NAME` in a comment marks a line; `room: NAME begin` ... `room: NAME end` a block of lines
