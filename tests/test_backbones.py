@@ -215,7 +215,9 @@ def test_the_image_size_is_the_weights_own_unless_given(shapes_root: Path, tmp_p
         "weights": [f"--model.weights={weights}"],
         "given": [f"--model.weights={weights}", "--data.image_size=96"],
     }.items():
-        cli = ProjectCLI(args=["memory", *args, "--data.batch_size=2", *extra])
+        # show_batch: built as fit builds them, one small picture written
+        look = ["show_batch", f"--output={tmp_path / 'batch.png'}", "--count=1"]
+        cli = ProjectCLI(args=[*look, *args, "--data.batch_size=2", *extra])
         assert cli.model.hparams.image_size == cli.datamodule.image_size
         sizes[case] = cli.datamodule.image_size
     assert sizes == {"scratch": 64, "weights": 224, "given": 96}

@@ -22,10 +22,10 @@ MISTAKES = {
     "test": ["--ckpt_path=missing.ckpt"],
     "predict": ["--ckpt_path=missing.ckpt"],
     "export": ["--ckpt_path=missing.ckpt"],
-    "memory": ["--data.batch_size=0"],
+    "memory": ["--data.batch_size=0"],  # room: memory
     "show_batch": ["--data.batch_size=0"],
-    "lr_find": ["--data.batch_size=0"],
-    "batch_size_find": ["--data.batch_size=0"],
+    "lr_find": ["--data.batch_size=0"],  # room: tuning
+    "batch_size_find": ["--data.batch_size=0"],  # room: tuning
     "audit": ["--data.batch_size=0"],  # room: audit
     "sweep": ["--config", "missing.yaml"],  # room: sweep
     "infer": ["image.jpg", "--model", "model.onnx", "--top_k", "0"],
@@ -46,10 +46,10 @@ COMMAND_LINES = {
     "test": ["--trainer.max_epochs=1.5"],
     "predict": ["--data.batchsize=8"],
     "export": ["--data.batch_size"],
-    "memory": ["--data.hflip=maybe"],
+    "memory": ["--data.hflip=maybe"],  # room: memory
     "show_batch": ["--count=many"],
-    "lr_find": ["--data.interpolation=nearest"],
-    "batch_size_find": ["--data.batch_size=abc"],
+    "lr_find": ["--data.interpolation=nearest"],  # room: tuning
+    "batch_size_find": ["--data.batch_size=abc"],  # room: tuning
     "audit": ["--data.batch_size=abc"],  # room: audit
     "sweep": ["--config", SWEEP_CONFIG, "--data.batch_size=abc"],  # room: sweep
     "infer": ["image.jpg", "--model", "model.onnx", "--top_k", "abc"],

@@ -195,3 +195,23 @@ def test_without_an_output_each_predict_writes_a_new_csv_in_the_runs_folder(
     assert all(p.name.startswith("predictions-") and p.suffix == ".csv" for p in written)
     assert sorted(folder.glob("predictions-*.csv")) == sorted(written)  # the first one kept
     assert not list(workdir.glob("*.csv"))
+
+
+def test_each_batch_takes_its_own_first_view_after_another_callbacks_pass() -> None:
+    """A callback that runs the network after predict_step (Grad-CAM does) leaves an output behind; the
+    next batch's verdict must come from that batch's own plain view, not from the left-over pass."""
+    from project.callbacks.prediction_writer import FirstView
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    writer = PredictionWriter()
+    writer._first_view = FirstView(net, features=False)
+    first, second = torch.rand(2, 3, 2, 2), torch.rand(4, 3, 2, 2)
+    writer.on_predict_batch_start(None, None, first, 0)
+    expected_first = net(first)
+    net(first)  # another callback's pass after predict_step
+    assert np.array_equal(writer._first_view.take(first).logits, expected_first.detach().numpy())
+    net(first)  # and again once this batch's view is taken
+    writer.on_predict_batch_start(None, None, second, 1)
+    expected_second = net(second)
+    assert np.array_equal(writer._first_view.take(second).logits, expected_second.detach().numpy())

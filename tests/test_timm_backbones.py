@@ -306,14 +306,17 @@ def test_head_of_a_timm_model_is_its_classifier() -> None:
 
 
 @pytest.mark.slow
-def test_the_command_line_takes_the_backbones_crop_and_filter_unless_given(shapes_root: Path) -> None:
+def test_the_command_line_takes_the_backbones_crop_and_filter_unless_given(
+    shapes_root: Path, tmp_path: Path
+) -> None:
     from torchvision.transforms import InterpolationMode
 
     from project.cli import ProjectCLI
     from tests.helpers import fast_args
 
     args = fast_args(shapes_root, "--model.backbone=timm/test_vit")
-    cli = ProjectCLI(args=["memory", *args])  # timm's test_vit: crop_pct 0.95, bicubic, mean and std 0.5
+    look = ["show_batch", f"--output={tmp_path / 'batch.png'}", "--count=1"]  # built as fit builds them
+    cli = ProjectCLI(args=[*look, *args])  # timm's test_vit: crop_pct 0.95, bicubic, mean and std 0.5
     assert cli.datamodule.crop_ratio == 0.95 and cli.datamodule.hparams.crop_ratio == 0.95
     assert cli.datamodule.hparams.interpolation == "bicubic"
     assert cli.datamodule.eval_transform.transforms[0].interpolation == InterpolationMode.BICUBIC
@@ -321,10 +324,10 @@ def test_the_command_line_takes_the_backbones_crop_and_filter_unless_given(shape
     assert cli.datamodule.train_batch_transform.interpolation == "bicubic"
     assert cli.model.hparams.mean == (0.5, 0.5, 0.5)
     given = ["--data.crop_ratio=0.8", "--model.mean=[0.4,0.4,0.4]", "--data.interpolation=bilinear"]
-    cli = ProjectCLI(args=["memory", *args, *given])
+    cli = ProjectCLI(args=[*look, *args, *given])
     assert cli.datamodule.crop_ratio == 0.8 and cli.model.hparams.mean == (0.4, 0.4, 0.4)
     assert cli.datamodule.eval_transform.transforms[0].interpolation == InterpolationMode.BILINEAR
-    cli = ProjectCLI(args=["memory", *fast_args(shapes_root)])  # torchvision's resnet18
+    cli = ProjectCLI(args=[*look, *fast_args(shapes_root)])  # torchvision's resnet18
     assert cli.datamodule.hparams.interpolation == "bilinear"
 
 
@@ -462,8 +465,9 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
     assert sum(f.names[0] == q.names[0] for f, q in zip(floats, quantized, strict=True)) >= 0.75 * len(files)
 
 
+# room: memory begin
 @pytest.mark.slow
-def test_memory_and_lr_find_measure_a_timm_model(
+def test_memory_measures_a_timm_model(
     workdir: Path, shapes_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tests.helpers import MiB, budget_of
@@ -475,6 +479,14 @@ def test_memory_and_lr_find_measure_a_timm_model(
     )
     assert f"{params / 1e6:.2f} M parameters" in out
     assert budget_of(out)["gradients"] == pytest.approx(params * 4 / MiB, abs=0.05)  # printed to 0.1
+
+
+# room: memory end
+# room: tuning begin
+@pytest.mark.slow
+def test_lr_find_suggests_a_rate_for_a_timm_model(
+    workdir: Path, shapes_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     finder = ["--name=probe", "--num_training=14", "--max_lr=0.05", "--data.batch_size=4"]
     assert run_cli("lr_find", *timm_args(shapes_root, *finder)) == 0
     out = capsys.readouterr().out
@@ -483,6 +495,9 @@ def test_memory_and_lr_find_measure_a_timm_model(
     fit = next(line for line in out.splitlines() if line.startswith("Use it: "))
     assert f"--model.backbone={TINY}" in fit and fit.endswith(f"--model.optimizer.init_args.lr={lr:.2g}")
     assert (workdir / "logs" / "probe" / "lr_find.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# room: tuning end
 
 
 @pytest.mark.slow

@@ -2,8 +2,8 @@
 
 The commands of COMMANDS (infer, report, new, ...) have a module of their own and skip the training CLI
 (most of them torch too): they go first. Everything else is a LightningCLI subcommand of
-project.cli: fit, validate, test, predict and the Trainer's export, memory, show_batch, lr_find and
-batch_size_find. Every command's main ends a user's mistake the same way
+project.cli (TRAINING: fit, validate, test, predict and the Trainer's own, such as export). Every command's
+main ends a user's mistake the same way
 (project.errors.exits_on_user_error).
 """
 
@@ -30,18 +30,22 @@ COMMANDS = {
 }
 
 
-# the LightningCLI subcommands (project.cli.ProjectCLI.subcommands()), named without importing torch
-TRAINING = (
-    "fit",
-    "validate",
-    "test",
-    "predict",
-    "export",
-    "memory",
-    "show_batch",
-    "lr_find",
-    "batch_size_find",
-)
+# the LightningCLI subcommands, named without importing torch: subcommand -> what it does with a run.
+# project.cli builds its subcommands and their run handling from this: `train` (fit), `checkpoint`
+# (evaluates --ckpt_path: its classes, image size and data settings apply), `dry` (looks at the configured
+# model and data: no checkpoint, no run folder), `finder` (tries training steps, then prints the flag to
+# pass to fit: no checkpoint; its plot in logs/<name>/). A Trainer method of the same name runs each.
+TRAINING = {
+    "fit": "train",
+    "validate": "checkpoint",
+    "test": "checkpoint",
+    "predict": "checkpoint",
+    "export": "checkpoint",
+    "memory": "dry",  # room: memory
+    "show_batch": "dry",
+    "lr_find": "finder",  # room: tuning
+    "batch_size_find": "finder",  # room: tuning
+}
 
 
 @exits_on_user_error
@@ -64,23 +68,27 @@ def main() -> None:
                 "(the serving install, without torch).",
                 "install the training package (pip install . in a checkout) on a machine that trains.",
             ) from None
-        raise _without_extra(command, extra, e) from None
+        if (missing := _without_extra(command, extra, e)) is not None:
+            raise missing from None
+        raise
     try:
         if command in COMMANDS:
             run(sys.argv[2:])
         else:
             run()  # LightningCLI reads sys.argv itself
     except ModuleNotFoundError as e:  # a command that imports its extra's packages once its flags are read
-        raise _without_extra(command, extra, e) from None
+        if (missing := _without_extra(command, extra, e)) is not None:
+            raise missing from None
+        raise
 
 
-def _without_extra(command: str | None, extra: str | None, error: ModuleNotFoundError) -> Exception:
-    """The one-line UserError when the missing module is a package of the command's extra; else the error."""
+def _without_extra(command: str | None, extra: str | None, error: ModuleNotFoundError) -> UserError | None:
+    """The one-line UserError when the missing module is a package of the command's extra; else None."""
     packages = extra_packages(extra) if extra else ""
-    missing = (error.name or "").partition(".")[0]
+    missing = error.name or ""  # a package's own submodule missing: the package is there, but broken
     names = {name.lower().replace("-", "_").removeprefix("python_") for name in packages.split()}
-    if not extra or not missing or (names and missing.lower() not in names):
-        return error
+    if not extra or not missing or "." in missing or (names and missing.lower() not in names):
+        return None
     return missing_package(f"`{command}`", extra, packages or missing)
 
 

@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import Logger
 from typing_extensions import override
 
 from project import trackers
-from project.__main__ import COMMANDS
+from project.__main__ import COMMANDS, TRAINING
 from project.atomic import remove_partials
 from project.backbones import preprocessing
 from project.callbacks import (
@@ -62,14 +62,14 @@ from project.trainer import Trainer
 
 # Subcommands that evaluate a trained model: its classes, image size and data settings come from
 # --ckpt_path (project.checkpoint_values), flags override them; the data's classes are checked against it.
-CHECKPOINT_ONLY = ("validate", "test", "predict", "export")
+CHECKPOINT_ONLY = tuple(name for name, kind in TRAINING.items() if kind == "checkpoint")
 # Checkpoint names carry the monitored metric (another --checkpoint.monitor puts its own in the name).
 DEFAULT_FILENAME = f"epoch={{epoch:03d}}-{MONITOR.replace('/', '_')}={{{MONITOR}:.4f}}"
 # Subcommands that only look at the configured model and data: no checkpoint, no run folder.
-DRY = ("memory", "show_batch")
+DRY = tuple(name for name, kind in TRAINING.items() if kind == "dry")
 # Subcommands that try training steps on the configured model and data (Lightning's Tuner), then print
 # the flag to pass to fit: no checkpoint; lr_find leaves its plot in logs/<name>/.
-FINDERS = ("lr_find", "batch_size_find")
+FINDERS = tuple(name for name, kind in TRAINING.items() if kind == "finder")
 
 # Every callback of the template, in one table: flag group -> (class, defaults). Each is on in every
 # command, with its arguments as flags and YAML keys (`--ema.decay`, `ema: {decay: ...}`); those with
@@ -125,19 +125,13 @@ CONSOLE: tuple[type[Callback], ...] = (CompactModelSummary, EpochLines)
 
 
 class ProjectCLI(LightningCLI):
-    """fit, validate, test, predict, export and memory, each starting from configs/default.yaml."""
+    """The subcommands of __main__.TRAINING (fit, validate, ..., export), each from configs/default.yaml."""
 
     @staticmethod
     @override
     def subcommands() -> dict[str, set[str]]:
-        return {
-            **LightningCLI.subcommands(),
-            "export": {"model", "datamodule"},
-            "memory": {"model", "datamodule"},
-            "show_batch": {"model", "datamodule"},
-            "lr_find": {"model", "datamodule"},
-            "batch_size_find": {"model", "datamodule"},
-        }
+        own = LightningCLI.subcommands()  # fit, validate, test, predict
+        return {name: own.get(name, {"model", "datamodule"}) for name in TRAINING}
 
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
         quiet_lightning()

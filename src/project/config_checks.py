@@ -88,10 +88,10 @@ def check_cli_config(config: Any) -> None:
 
 def check_batch_fits(image_size: Any, batch_size: Any, memory: int | None = None) -> None:
     """A batch whose float input alone outgrows this machine's memory (`memory` bytes, default: its RAM)
-    is a typo, not a run: refuse it before any image is decoded (the `memory` command measures real needs)."""
+    is a typo, not a run: refuse it before any image is decoded."""
     if not (_integer(image_size) and _integer(batch_size) and image_size > 0 and batch_size > 0):
         return  # the data module names values out of range
-    memory = memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # RAM, as `memory` reports
+    memory = memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # the RAM
     per_image = 3 * image_size**2 * 4  # float32, as the network receives it
     need = batch_size * per_image
     if need <= memory:
@@ -105,12 +105,15 @@ def check_batch_fits(image_size: Any, batch_size: Any, memory: int | None = None
         raise UserError(
             f"--data.batch_size={batch_size:,} is too large: {sizes}",
             f"set --data.batch_size to at most {fitting:,} at this image size, less for the model's own "
-            "memory (16 to 256 are usual; `python -m project memory` measures a batch's cost).",
+            "memory (16 to 256 are usual"
+            "; `python -m project memory` measures a batch's cost"  # room: memory
+            ").",
         )
     raise UserError(
         f"--data.image_size={image_size} is too large: {sizes}",
-        "set --data.image_size to what the images need (224 is usual; `python -m project memory` "
-        "measures a size's cost), or a smaller --data.batch_size.",
+        "set --data.image_size to what the images need (224 is usual"
+        "; `python -m project memory` measures a size's cost"  # room: memory
+        "), or a smaller --data.batch_size.",
     )
 
 

@@ -157,3 +157,8 @@ def advice(b: MemoryBudget, accumulate: int) -> list[str]:
             f"{(b.gradients + b.optimizer_state) / MiB:.1f} -> {frozen / MiB:.1f} MiB (head only)"
         )
     return lines
+
+
+def measure_step(model: L.LightningModule, trainer: L.Trainer, batch_size: int, image_size: int) -> str:
+    """What `memory` prints: the budget of one training step measured, with its advice."""
+    return report(measure(model, trainer, batch_size, image_size), trainer.accumulate_grad_batches)

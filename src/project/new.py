@@ -272,7 +272,7 @@ def is_checkout(root: Path, package: str = PACKAGE) -> bool:
 def left_out_rooms(value: str) -> set[str]:
     """The rooms named by --without: a comma-separated list of ROOMS' names, or `all`."""
     names = {part.strip() for part in value.split(",") if part.strip()}
-    if names == {"all"}:
+    if "all" in names:
         return set(ROOMS)
     unknown = sorted(names - set(ROOMS))
     if unknown or not names:
@@ -283,6 +283,17 @@ def left_out_rooms(value: str) -> set[str]:
             "for the core alone; `new --help` says what each holds.",
         )
     return names
+
+
+def marked_out(text: str, left_out: set[str], rel: str) -> str:
+    """`text` less the lines marked for the rooms left out; a marker that cannot be read is one error."""
+    try:
+        return without(text, left_out)
+    except ValueError as e:
+        raise UserError(
+            f"'{rel}' has room markers that do not pair up ({e}); nothing was written.",
+            "close each `room: NAME begin` with `room: NAME end` in that file (docs/new-task.md).",
+        ) from None
 
 
 def as_ours(rel: str, old: str) -> str:
@@ -336,7 +347,9 @@ def _create(dest: Path, name: str, root: Path, old: str, left_out: set[str]) -> 
                 continue
             data = (root / rel).read_bytes()
             try:
-                text = without(data.decode("utf-8"), left_out)
+                text = data.decode("utf-8")
+                if not rel.endswith((".json", ".ipynb")):  # JSON has no comments to mark a line with
+                    text = marked_out(text, left_out, rel)
                 target.write_text(rename_text(text, rules), encoding="utf-8")
             except UnicodeDecodeError:  # binary: copied as it is
                 target.write_bytes(data)

@@ -1,8 +1,8 @@
 """The optional rooms of the template: parts a new task can leave out whole (`new DEST --without ROOM`).
 
 A room owns its files (source, tests, docs, benchmarks, configs: glob patterns from the checkout's root),
-the extras of pyproject.toml its packages come from, and its commands (their rows in
-__main__.COMMANDS). Whatever belongs to no room is the core: fit, validate, test, predict, export,
+the extras of pyproject.toml its packages come from, and its commands (their rows in __main__.COMMANDS
+or __main__.TRAINING). Whatever belongs to no room is the core: fit, validate, test, predict, export,
 infer, report and the callbacks that guard a run.
 
 Lines that belong to a room inside a shared file (a README row, a dispatch row, a test's row, an extra)
@@ -31,7 +31,7 @@ class Room:
     summary: str
     files: tuple[str, ...]  # glob patterns (fnmatch, from the checkout's root; `*` crosses folders)
     extras: tuple[str, ...] = ()  # pyproject.toml's optional-dependencies that only this room uses
-    commands: tuple[str, ...] = ()  # rows of __main__.COMMANDS
+    commands: tuple[str, ...] = ()  # rows of __main__.COMMANDS or __main__.TRAINING
 
     def owns(self, path: str) -> bool:
         """Whether `path` (relative to the checkout's root, with /) is one of this room's files."""
@@ -98,13 +98,28 @@ ROOMS = {
     # room: notebooks begin
     "notebooks": Room(
         "two Jupyter notebooks on the Python API (a quickstart, your own images), run by the tests",
-        files=("notebooks/*", "tests/test_notebooks.py"),
+        files=("notebooks/*", "src/project/template/notebooks", "tests/test_notebooks.py"),
     ),
     # room: notebooks end
+    # room: tuning begin
+    "tuning": Room(
+        "`lr_find` and `batch_size_find`: a suggested learning rate, the largest batch that fits (Tuner)",
+        files=("src/project/tuning.py", "tests/test_tuning.py"),
+        commands=("lr_find", "batch_size_find"),
+    ),
+    # room: tuning end
+    # room: memory begin
+    "memory": Room(
+        "`memory`: the memory budget of one real training step, and what would shrink it",
+        files=("src/project/memory_budget.py", "tests/test_memory_budget.py"),
+        commands=("memory",),
+    ),
+    # room: memory end
 }
 
-# `room: NAME` in a comment marks a line; `room: NAME begin` ... `room: NAME end` a block of lines
-MARKER = re.compile(r"(?:#|<!--)\s*room:\s*(?P<name>[a-z_]+)(?:\s+(?P<edge>begin|end))?\b")
+# `room: NAME` in a comment marks a line (`room: NAME, OTHER`: a line that goes with either room);
+# `room: NAME begin` ... `room: NAME end` a block of lines
+MARKER = re.compile(r"(?:#|<!--)\s*room:\s*(?P<name>[a-z_]+(?:,\s*[a-z_]+)*)(?:\s+(?P<edge>begin|end))?\b")
 
 
 def room_of(path: str) -> str | None:
@@ -112,17 +127,31 @@ def room_of(path: str) -> str | None:
     return next((name for name, room in ROOMS.items() if room.owns(path)), None)
 
 
+def marked_rooms(found: re.Match[str]) -> list[str]:
+    """The rooms a MARKER match names."""
+    return [name.strip() for name in found["name"].split(",")]
+
+
 def without(text: str, left_out: set[str]) -> str:
-    """`text` less the lines marked for the rooms in `left_out` (each marker line of a block goes too)."""
+    """`text` less the lines marked for the rooms in `left_out` (each marker line of a block goes too).
+
+    Raises:
+        ValueError: A block's `end` that closes no open block of its room, or a `begin` never closed
+            (which would take the rest of the file with it).
+    """
     kept, inside = [], []
-    for line in text.splitlines(keepends=True):
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
         found = MARKER.search(line)
-        name, edge = (found["name"], found["edge"]) if found else (None, None)
+        names, edge = (marked_rooms(found), found["edge"]) if found else ([], None)
         if edge == "begin":
-            inside.append(name)
-        skip = any(n in left_out for n in inside) or (name in left_out)
-        if edge == "end" and inside and inside[-1] == name:
+            inside.append(names[0])
+        skip = any(n in left_out for n in inside) or any(n in left_out for n in names)
+        if edge == "end":
+            if not inside or inside[-1] != names[0]:
+                raise ValueError(f"line {number}: `room: {names[0]} end` closes no `room: {names[0]} begin`")
             inside.pop()
         if not skip:
             kept.append(line)
+    if inside:
+        raise ValueError(f"`room: {inside[-1]} begin` is never closed by `room: {inside[-1]} end`")
     return "".join(kept)

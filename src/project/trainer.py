@@ -1,5 +1,6 @@
-"""The Lightning Trainer plus the `export`, `memory`, `show_batch`, `lr_find` and `batch_size_find` methods,
-which LightningCLI turns into subcommands (the commands with a CLI of their own: __main__.COMMANDS)."""
+"""The Lightning Trainer plus a method for each subcommand of __main__.TRAINING that Lightning has not
+(`export`, `show_batch`, ...), which LightningCLI turns into subcommands (the commands with a CLI of their
+own: __main__.COMMANDS)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,17 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from project import memory_budget, tuning
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
 from project.errors import UserError
 from project.export import export_checkpoint, validation_images
+from project.memory_budget import measure_step  # room: memory
 from project.sync_batchnorm import SyncBatchNorm
+from project.tuning import find_batch_size, find_lr  # room: tuning
 
 
 class Trainer(L.Trainer):
-    """lightning.Trainer with atomic checkpoint files, `export` (ONNX + .pt2, verified), `memory`, and the
-    `lr_find` and `batch_size_find` tuners."""
+    """lightning.Trainer with atomic checkpoint files, `export` (ONNX + .pt2, verified) and the methods of
+    the other subcommands of __main__.TRAINING."""
 
     # the command line of a finder, less the subcommand: what it tells the user to pass to fit
     command_args: list[str] = []
@@ -79,6 +81,7 @@ class Trainer(L.Trainer):
         with disk_full_ends_in_one_line(self, "test"):
             return super().test(*args, **kwargs)
 
+    # room: memory begin
     def memory(self, model: L.LightningModule, datamodule: L.LightningDataModule) -> None:
         """Print the memory one training step needs at the configured batch size and precision, and advice.
 
@@ -86,9 +89,9 @@ class Trainer(L.Trainer):
             model: The model as `fit` would build it.
             datamodule: Gives the batch size and image size.
         """
-        budget = memory_budget.measure(model, self, datamodule.batch_size, datamodule.image_size)
-        print(memory_budget.report(budget, self.accumulate_grad_batches))
+        print(measure_step(model, self, datamodule.batch_size, datamodule.image_size))
 
+    # room: memory end
     def show_batch(
         self,
         model: L.LightningModule,
@@ -111,6 +114,7 @@ class Trainer(L.Trainer):
         written = write_batch_view(datamodule, Path(output), count, seed=torch.initial_seed() % 2**32)
         print(f"Wrote {count} training images (augmented) beside {count} validation images to {written}")
 
+    # room: tuning begin
     def lr_find(
         self,
         model: L.LightningModule,
@@ -132,7 +136,7 @@ class Trainer(L.Trainer):
         folder = Path(self.default_root_dir)
         # a small data set would run out of epochs before num_training steps (one batch an epoch at least)
         self.fit_loop.max_epochs = max(self.max_epochs or 1, num_training)
-        tuning.find_lr(self, model, datamodule, folder, self.command_args, min_lr, max_lr, num_training)
+        find_lr(self, model, datamodule, folder, self.command_args, min_lr, max_lr, num_training)
 
     def batch_size_find(
         self,
@@ -155,10 +159,11 @@ class Trainer(L.Trainer):
             max_val: Never try a batch larger than this (on a CPU nothing else stops the search).
             steps_per_trial: Training steps run at each size.
         """
-        tuning.find_batch_size(
+        find_batch_size(
             self, model, datamodule, self.command_args, mode, init_val, max_trials, max_val, steps_per_trial
         )
 
+    # room: tuning end
     def export(
         self,
         model: L.LightningModule,
@@ -261,7 +266,8 @@ def out_of_memory_ends_in_one_line(trainer: L.Trainer) -> Iterator[None]:
             f"Out of memory at step {trainer.global_step} (epoch {trainer.current_epoch})"
             + (f" with --data.batch_size={size}" if size else "")
             + f" on {trainer.strategy.root_device}: {first_line[:200]}.",
-            "find the largest batch that fits with `python -m project batch_size_find` (same flags), or "
+            "find the largest batch that fits with `python -m project batch_size_find` "  # room: tuning
+            "(same flags), or "  # room: tuning
             "halve --data.batch_size and set --trainer.accumulate_grad_batches=2 (the same batch per "
             "optimizer step), or --trainer.precision=bf16-mixed; then resume with --ckpt_path last (the "
             "last checkpoint is kept).",

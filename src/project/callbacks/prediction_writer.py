@@ -101,6 +101,18 @@ class PredictionWriter(BasePredictionWriter):
         net = getattr(pl_module, "net", None)  # a classifier of this project: take its plain view's outputs
         self._first_view = None if net is None else FirstView(net, self.calibration.needs_features)
 
+    @override
+    def on_predict_batch_start(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._first_view is not None:
+            self._first_view.reset()
+
     def _export_sidecar(self, trainer: L.Trainer) -> Sidecar | None:
         """The sidecar to calibrate with, or None (said on stdout) when there is none."""
         if self.sidecar is None:
@@ -362,12 +374,16 @@ class FirstView:
         if self.features is None:
             self.features = inputs[0].detach().float().flatten(1).cpu().numpy()
 
+    def reset(self) -> None:
+        """Forget what ran before this batch: another callback's pass over the last batch (Grad-CAM's)
+        would otherwise be taken for this batch's first view."""
+        self.logits = self.features = None
+
     def take(self, images: torch.Tensor) -> Outputs:
         """This batch's logits, and its features beside the uint8 `images`' statistics
-        (`feature_bank.descriptors`, as infer and serve describe an image); forgotten here so that the
-        next batch starts afresh."""
+        (`feature_bank.descriptors`, as infer and serve describe an image)."""
         logits, features = self.logits, self.features
-        self.logits = self.features = None
+        self.reset()
         if features is None:
             return Outputs(logits)
         return Outputs(logits, descriptors(features, images.detach().cpu().numpy()))
