@@ -251,3 +251,55 @@ def test_a_line_marked_for_two_rooms_goes_with_either() -> None:
     assert without(text, {"sweep"}) == f"a\n{block}d\n"
     assert without(text, {"audit"}) == f"a\nb  # {R}: serve, sweep\nd\n"
     assert without(text, set()) == text
+
+
+@pytest.mark.parametrize("left_out", [*([name] for name in ROOMS), list(ROOMS)], ids=[*ROOMS, "all"])
+def test_what_stays_parses_and_imports_only_what_stays(left_out: list[str]) -> None:
+    """Each file a `--without` copy keeps, less its marked lines: Python, TOML and YAML still parse, and
+    every module of the package it imports (inside functions too) is one the copy has."""
+    import yaml
+
+    gone = set(left_out)
+    kept = [rel for rel in files() if room_of(rel) not in gone]
+
+    def module_names(paths: list[str]) -> set[str]:
+        return {
+            ".".join(Path(rel).with_suffix("").parts[1:]).removesuffix(".__init__")
+            for rel in paths
+            if rel.startswith(f"src/{PACKAGE}/") and rel.endswith(".py")
+        }
+
+    present, every = module_names(kept), module_names(list(files()))
+    problems = []
+    for rel in kept:
+        if (content := text(rel)) is None:
+            continue
+        stripped = without(content, gone)
+        try:
+            if rel.endswith(".py"):
+                tree = ast.parse(stripped)
+            elif rel.endswith(".toml"):
+                tomllib.loads(stripped)
+            elif rel.endswith((".yaml", ".yml")):
+                yaml.safe_load(stripped)
+        except (SyntaxError, tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+            problems.append(f"{rel}: {type(e).__name__}: {e}")
+            continue
+        if not rel.endswith(".py"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # `from package.x import name`: package.x must be there (name may be a function);
+                # `from package import x`: x, where it is a module of the template
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                imported = names if node.module == PACKAGE else [node.module]
+                problems += [
+                    f"{rel}: imports {m}, which the copy has not" for m in imported if m in every - present
+                ]
+            elif isinstance(node, ast.Import):
+                problems += [
+                    f"{rel}: imports {a.name}, which the copy has not"
+                    for a in node.names
+                    if a.name.startswith(f"{PACKAGE}.") and a.name not in present
+                ]
+    assert problems == []

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torchmetrics import MetricCollection
 
-# the monitored metric: checkpoint selection and its file names, the export's stated accuracy, a sweep's
-# default objective, the epoch lines and the report's curves (configs/ spell it out: a test holds them to it)
+# the monitored metric: checkpoint selection and its file names, the export's fallback name for its score,
+# a sweep's default objective (the presets and sweeps in configs/ spell it out: a test holds them to it)
 MONITOR = "val/acc"
 
 
