@@ -205,10 +205,14 @@ def test_the_multilabel_config_trains_logs_per_label_metrics_predicts_and_export
     infer(["--model", str(run / "latest-int8.onnx"), "--output", str(quantized), str(multishapes / "val")])
     with open(quantized, newline="") as f:
         by_int8 = {Path(r["file"]).name: r for r in csv.DictReader(f)}
-    for name, row in by_infer.items():
-        for label in CLASSES:
-            difference = float(by_int8[name][f"probability_{label}"]) - float(row[f"probability_{label}"])
-            assert abs(difference) <= 0.1, (name, label)
+    # int8 against the float export, per label probability: measured mean 0.013 and max 0.073 (0.106 on
+    # another run: a near-chance model after 6 steps has labels near 0.5, where int8's logit error
+    # counts most); labels in the wrong columns differ by 0.51 on average and up to 1.0
+    columns = [f"probability_{label}" for label in CLASSES]
+    differences = np.array(
+        [[float(by_int8[name][c]) - float(row[c]) for c in columns] for name, row in by_infer.items()]
+    )
+    assert np.abs(differences).mean() <= 0.05 and np.abs(differences).max() <= 0.25, differences
 
 
 BANDS = ("red", "green", "blue")
