@@ -23,7 +23,7 @@ from project import api
 from project.api import Prediction, Run
 from project.data.shapes import draw_shape
 from project.deploy.calibration import score
-from project.deploy.classifier import Classifier
+from project.deploy.classifier import RUNTIMES, Classifier
 from project.deploy.infer import main as infer_main
 from project.model import ImageClassifier
 from tests.helpers import DECODER_BOUND, exit_status, fast_args, run_cli
@@ -193,11 +193,13 @@ def calibrated(fitted_run: Run, tmp_path_factory: pytest.TempPathFactory) -> tup
     meta["source_checkpoint"]["path"] = str(checkpoint)
     threshold = float((scores[1] + scores[2]) / 2)  # 2 of the 4 images below it
     meta.update(temperature=2.0, unknown_score="energy", unknown_threshold=threshold, unknown_accept=0.5)
+    # room: openvino begin
     if importlib.util.find_spec("openvino") is not None:  # the IR `export --format openvino` writes beside it
         from project.export.openvino_target import write_ir
 
         write_ir(onnx, onnx.with_suffix(".xml"), onnx.with_suffix(".bin"))
         meta["files"]["openvino"] = onnx.with_suffix(".xml").name
+    # room: openvino end
     sidecar.write_text(json.dumps(meta))
     return checkpoint, onnx, images
 
@@ -228,7 +230,7 @@ def test_a_checkpoint_answers_as_predict_does(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suffix", [".onnx", ".xml"])
+@pytest.mark.parametrize("suffix", [".onnx", *RUNTIMES])  # each file an export may be
 def test_an_export_answers_as_infer_does(
     calibrated: tuple[Path, Path, Path], tmp_path: Path, suffix: str
 ) -> None:

@@ -413,6 +413,7 @@ def test_each_optional_target_is_a_format_value() -> None:
     assert set(get_args(Format)) == {"onnx"} | {t.name for t in TARGETS.values() if t.optional}
 
 
+# room: openvino begin
 @pytest.mark.slow
 def test_format_openvino_writes_a_verified_ir_beside_the_onnx(
     trained: Path, shapes_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -473,6 +474,7 @@ def test_format_openvino_without_openvino_is_one_message_and_writes_nothing(
     assert not (tmp_path / "out").exists()
 
 
+# room: openvino end
 def test_int8_measurement_when_every_validation_image_is_bad_says_why(tmp_path: Path) -> None:
     """With --data.skip_bad_images every validation image can be left out: nothing to compare, said so."""
     from PIL import Image

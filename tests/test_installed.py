@@ -205,7 +205,7 @@ EXTRA_MODULES = {
     "psycopg2-binary": "psycopg2",  # room: sweep
     "cleanlab": "cleanlab",  # room: audit
     "grad-cam": "pytorch_grad_cam",  # room: explain
-    "openvino": "openvino",
+    "openvino": "openvino",  # room: openvino
     "timm": "timm",
     "huggingface_hub": "huggingface_hub",
     "safetensors": "safetensors",

@@ -30,7 +30,7 @@ from PIL import Image
 
 from project.data.decode import pil_rgb
 from project.deploy.calibration import UNKNOWN, Outputs
-from project.deploy.classifier import Classifier
+from project.deploy.classifier import RUNTIMES, Classifier
 
 # What `predict` takes: a file (path), a file's bytes, a PIL image, or a uint8 RGB array [H, W, 3]
 # (or grayscale [H, W]), values 0-255
@@ -162,17 +162,19 @@ def _flag_value(value: Any) -> str:
 def load(
     path: str | os.PathLike, unknown_accept: float | None = None, threads: int | None = None
 ) -> ExportModel | CheckpointModel:
-    """A model to `predict` with: an export (.onnx, OpenVINO .xml) torch-free, or a checkpoint (.ckpt).
+    """A model to `predict` with: an export (.onnx, or another runtime's file such as OpenVINO's .xml)
+    torch-free, or a checkpoint (.ckpt).
 
     `unknown_accept`: the share of validation images accepted (0: never `unknown`); None: the export's.
     """
     path = Path(path)
-    if path.suffix in (".onnx", ".xml"):
+    exports = (".onnx", *RUNTIMES)
+    if path.suffix in exports:
         return ExportModel(path, unknown_accept, threads)
     if path.suffix == ".ckpt":
         return CheckpointModel(path, unknown_accept=unknown_accept)
     raise ValueError(
-        f"'{path}' is neither an export (.onnx, OpenVINO .xml) nor a checkpoint (.ckpt). Pass "
+        f"'{path}' is neither an export ({', '.join(exports)}) nor a checkpoint (.ckpt). Pass "
         "checkpoints/<run>/latest.onnx (torch-free) or a .ckpt of checkpoints/<run>/."
     )
 

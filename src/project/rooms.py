@@ -115,6 +115,19 @@ ROOMS = {
         commands=("memory",),
     ),
     # room: memory end
+    # room: openvino begin
+    "openvino": Room(
+        "`export --format openvino`: an OpenVINO IR beside the ONNX file, verified, run by infer and serve",
+        files=(
+            "src/project/export/openvino_target.py",
+            "src/project/deploy/openvino_runtime.py",
+            "tests/test_openvino_runtime.py",
+            "docs/openvino.md",
+            "bench/openvino_latency.py",
+        ),
+        extras=("openvino",),
+    ),
+    # room: openvino end
 }
 
 # `room: NAME` in a comment marks a line (`room: NAME, OTHER`: a line that goes with either room);

@@ -3,13 +3,14 @@
 `infer` (files -> CSV) and `serve` (HTTP) both answer through `Classifier`: the same decoding as
 training (`project.data.decode`), the resize and centre crop of validation, the export's calibration
 and unknown threshold (`project.deploy.calibration`); `open_session` opens an .onnx file with
-onnxruntime and an OpenVINO IR (.xml) with OpenVINO. Importing this module imports neither torch nor
-lightning.
+onnxruntime, and another export's file with the runtime RUNTIMES names for its suffix. Importing this
+module imports neither torch nor lightning.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from importlib import import_module
 from pathlib import Path
 from typing import NamedTuple
 
@@ -19,9 +20,14 @@ from PIL import Image
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
 from project.deploy.calibration import UNKNOWN, Outputs
 from project.deploy.feature_bank import descriptors
-from project.deploy.openvino_runtime import OpenVINOSession, is_openvino
 from project.deploy.sidecar import Sidecar
 from project.errors import UserError
+
+# Export files other than .onnx, by suffix: (their key in the sidecar's `files`, the module whose
+# `Session(path, threads)` runs them with onnxruntime's call shape `run(["logits"], {"images": batch})`)
+RUNTIMES = {
+    ".xml": ("openvino", "project.deploy.openvino_runtime"),  # room: openvino
+}
 
 # The sidecar's resize filters (project.deploy.sidecar.INTERPOLATIONS) as Pillow's
 RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
@@ -205,10 +211,16 @@ class Classifier:
                 yield Answer(path, *self.top(p, top_k), bool(unknown[i]), score, reason)
 
 
+def kind_of(model: str | Path) -> str:
+    """The sidecar's `files` key of an export's file: `onnx`, or its runtime's (RUNTIMES)."""
+    return RUNTIMES.get(Path(model).suffix.lower(), ("onnx", ""))[0]
+
+
 def open_session(model: Path, threads: int | None = None) -> object:
-    """An inference session for `model`: OpenVINO for an .xml IR, else onnxruntime; both answer `run`."""
-    if is_openvino(model):
-        return OpenVINOSession(model, threads)
+    """An inference session for `model`: onnxruntime for an .onnx, else its runtime's (RUNTIMES); each
+    answers `run` as onnxruntime does."""
+    if (runtime := RUNTIMES.get(Path(model).suffix.lower())) is not None:
+        return import_module(runtime[1]).Session(model, threads)
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -106,3 +106,6 @@ class OpenVINOSession:
             request = self._local.request = self.compiled.create_infer_request()
         results = request.infer(feeds)
         return [np.array(results[self.compiled.output(name)]) for name in output_names]
+
+
+Session = OpenVINOSession  # the name project.deploy.classifier.RUNTIMES opens it by

@@ -5,7 +5,7 @@
     deployable.py       the module exported: uint8 images -> logits, normalization baked in
     targets.py          TARGETS: the one table of export targets (how each is written and loaded)
     onnx_target.py      ONNX, run by onnxruntime; pt2_target.py: torch.export's .pt2;
-    openvino_target.py  `--format openvino`: an OpenVINO IR converted from the ONNX file
+    openvino_target.py  `--format openvino`: an OpenVINO IR converted from the ONNX file  # room: openvino
     verify.py           the comparison with PyTorch on random and real images, and its bound
     fit_calibration.py  the temperature and unknown threshold fitted on validation
                         (`project.deploy.calibration` applies them, without torch)

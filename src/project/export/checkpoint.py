@@ -46,10 +46,13 @@ class Exported:
     sidecar: Path
     metadata: dict
 
+    # room: openvino begin
     @property
     def openvino(self) -> Path | None:
         """The IR's .xml, with `--format openvino`."""
         return self.files.get("openvino")
+
+    # room: openvino end
 
     @property
     def onnx(self) -> Path:
@@ -125,8 +128,8 @@ def export_checkpoint(
     `options` are the fields of ExportOptions (checked there). With `datamodule` (its validation
     images on disk) the sidecar also gets a temperature and an unknown threshold accepting the share
     `unknown_accept` (0 or None: off) of validation images (`project.export.fit_calibration`);
-    `quantize="int8"` also writes `<stem>-int8.onnx` (`project.export.quantize`); `format="openvino"`
-    also writes the IR `<stem>.xml` + `.bin` (`project.export.openvino_target`).
+    `quantize="int8"` also writes `<stem>-int8.onnx` (`project.export.quantize`); `format=NAME`
+    also writes the optional target NAME of project.export.targets (an OpenVINO IR: `<stem>.xml` + `.bin`).
     """
     settings = ExportOptions(**options)
     targets = chosen(settings.format)

@@ -10,7 +10,11 @@ target").
 
 from __future__ import annotations
 
-from project.export import onnx_target, openvino_target, pt2_target
+from project.export import (
+    onnx_target,
+    openvino_target,  # room: openvino
+    pt2_target,
+)
 from project.export.target import Files, Runner, Source, Target, Writer
 
 __all__ = ["FORMATS", "TARGETS", "Files", "Runner", "Source", "Target", "Writer", "chosen"]
@@ -25,6 +29,7 @@ TARGETS: dict[str, Target] = {
             onnx_target.load,
         ),
         Target("pt2", "pt2", {"torch.export": pt2_target.write}, pt2_target.load),
+        # room: openvino begin
         Target(
             "openvino",
             "openvino",
@@ -36,6 +41,7 @@ TARGETS: dict[str, Target] = {
             version=openvino_target.version,
             fix="export without --format openvino (ONNX only), or try another openvino release.",
         ),
+        # room: openvino end
     )
 }
 

@@ -14,8 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from project.deploy.classifier import Classifier
-from project.deploy.openvino_runtime import is_openvino
+from project.deploy.classifier import Classifier, kind_of
 from project.errors import UserError
 
 
@@ -38,8 +37,7 @@ def load_model(model: Path, threads: int | None = None, unknown_accept: float | 
             "or point the link at one.",
         )
     classifier = Classifier(resolved, threads, unknown_accept)
-    kind = "openvino" if is_openvino(resolved) else "onnx"  # the sidecar's `files` key for this file
-    named = classifier.sidecar.files.get(kind)
+    named = classifier.sidecar.files.get(kind_of(resolved))
     if named is not None and named != resolved.name:
         raise UserError(
             f"Sidecar '{resolved.with_suffix('.json')}' describes '{named}', not '{resolved.name}'.",
