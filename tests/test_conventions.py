@@ -223,7 +223,9 @@ def test_no_import_cycles_between_the_rooms_of_the_package() -> None:
 
 TRAINING_COMMANDS = {"fit", "sweep", "lr_find", "batch_size_find"}
 TRAINING_ENTRIES = {
-    "project.audit.command": "main",  # room: audit (audit trains a model per fold)
+    # room: audit begin
+    "project.audit.command": "main",  # audit trains a model per fold
+    # room: audit end
 }
 
 
@@ -402,7 +404,9 @@ def serve(model):
 """
     tests = """
 from tests.helpers import serve
-from project.audit.command import main as audit  # room: audit
+# room: audit begin
+from project.audit.command import main as audit
+# room: audit end
 pytestmark = pytest.mark.gpu
 
 def test_uses_the_trained_run(trained): ...
@@ -444,7 +448,9 @@ def test_a_local_name_like_a_helper():
         "test_x.py::test_serves": "serve -> starts a server",
         "test_x.py::test_trainer_fit": "calls Trainer.fit",
         "test_x.py::test_in_a_subprocess": "runs `sweep`",
-        "test_x.py::test_audit": "runs audit of project.audit.command",  # room: audit
+        # room: audit begin
+        "test_x.py::test_audit": "runs audit of project.audit.command",
+        # room: audit end
     }
     marked = tests.replace("pytestmark = pytest.mark.gpu", "pytestmark = [pytest.mark.gpu, pytest.mark.slow]")
     assert unmarked_expensive_tests({"conftest": conftest, "helpers": helpers, "test_x": marked}) == {}

@@ -19,7 +19,11 @@ from project.data.decode import (
     read_rgb,
 )
 from project.deploy.classifier import Classifier
-from project.deploy.serve import bodies  # room: serve
+
+# room: serve begin
+from project.deploy.serve import bodies
+
+# room: serve end
 from tests.exports import tiny_export
 from tests.helpers import write_image
 

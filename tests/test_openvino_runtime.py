@@ -16,7 +16,11 @@ from PIL import Image
 
 from project.deploy.classifier import Classifier
 from project.deploy.infer import main as infer_main
-from project.deploy.serve.command import main as serve_main  # room: serve
+
+# room: serve begin
+from project.deploy.serve.command import main as serve_main
+
+# room: serve end
 from tests.exports import CLASSES, SIZE, encode, infer, tiny_export
 from tests.servers import Server, predict  # room: serve
 

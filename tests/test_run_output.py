@@ -69,7 +69,9 @@ def test_fit_to_a_file_prints_epoch_lines_and_where_everything_went(workdir: Pat
         "python -m project report tiny",
         f"python -m project predict --ckpt_path {path} --data.predict_dir=IMAGES",
         "python -m project infer --model checkpoints/tiny/latest.onnx IMAGES",
-        "python -m project serve --model checkpoints/tiny/latest.onnx",  # room: serve
+        # room: serve begin
+        "python -m project serve --model checkpoints/tiny/latest.onnx",
+        # room: serve end
     ):
         assert f"  {command}\n" in block + "\n"
 

@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.audit.command import main as audit  # room: audit
+# room: audit begin
+from project.audit.command import main as audit
+
+# room: audit end
 from project.data.datamodule import ImageDataModule
 from project.data.transforms import eval_transform
 from project.errors import UserError

@@ -41,7 +41,11 @@ def readers(folder: Path) -> dict[str, Callable[[], object]]:
     """Each reader of an export's sidecar, pointed at `folder/m.json` (beside `m.onnx`, `last.ckpt`)."""
     from project.callbacks.prediction_writer import export_of
     from project.deploy.classifier import Classifier
-    from project.deploy.serve.models import load_model  # room: serve
+
+    # room: serve begin
+    from project.deploy.serve.models import load_model
+
+    # room: serve end
     from project.export.quantize import quantize_export
     from project.report import write_reliability
 

@@ -406,8 +406,11 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
     """The model's own filter (test_efficientnet's pretrained config: bicubic) everywhere, calibrated."""
     from project.deploy.classifier import Classifier
     from project.deploy.infer import main as infer_main
-    from project.deploy.serve.models import load_model  # room: serve
-    from project.deploy.serve.predictions import Prepared, answer, run_batch  # room: serve
+
+    # room: serve begin
+    from project.deploy.serve.models import load_model
+    from project.deploy.serve.predictions import Prepared, answer, run_batch
+    # room: serve end
 
     run = timm_run / "checkpoints" / "timm"
     meta = json.loads((run / "latest.json").read_text())

@@ -17,8 +17,12 @@ from project.deploy import calibration
 from project.deploy.calibration import Calibration
 from project.deploy.classifier import Classifier
 from project.deploy.infer import main as infer_main
-from project.deploy.serve.models import load_model  # room: serve
-from project.deploy.serve.predictions import Prepared, answer, run_batch  # room: serve
+
+# room: serve begin
+from project.deploy.serve.models import load_model
+from project.deploy.serve.predictions import Prepared, answer, run_batch
+
+# room: serve end
 from project.export import fit_calibration as calibrate
 from project.report import write_reliability
 from tests.exports import tiny_export, with_unknown_keys

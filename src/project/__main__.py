@@ -19,12 +19,20 @@ from project.errors import UserError, exits_on_user_error, extra_packages, missi
 # (project.cli)
 COMMANDS = {
     "infer": ("project.deploy.infer", "torch-free inference on an export", None),
-    "serve": ("project.deploy.serve.command", "an HTTP service for an export", "serve"),  # room: serve
+    # room: serve begin
+    "serve": ("project.deploy.serve.command", "an HTTP service for an export", "serve"),
+    # room: serve end
     "report": ("project.report", "a run's curves as a PNG", None),
-    "doctor": ("project.doctor", "check this machine", None),  # room: doctor
+    # room: doctor begin
+    "doctor": ("project.doctor", "check this machine", None),
+    # room: doctor end
     "new": ("project.new", "start a task from this template", None),
-    "sweep": ("project.sweep.command", "a hyperparameter search over these options", "sweep"),  # room: sweep
-    "audit": ("project.audit.command", "wrong labels, duplicates, leaks", "audit"),  # room: audit
+    # room: sweep begin
+    "sweep": ("project.sweep.command", "a hyperparameter search over these options", "sweep"),
+    # room: sweep end
+    # room: audit begin
+    "audit": ("project.audit.command", "wrong labels, duplicates, leaks", "audit"),
+    # room: audit end
     "models": ("project.models", "the backbones --model.backbone takes", None),
     "optimize": ("project.optimize", "a data set as LitData shards, local or in a bucket", "shards"),
 }

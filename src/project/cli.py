@@ -38,7 +38,11 @@ from project.callbacks import (
     TrackerArtifacts,
     TrainingImages,
 )
-from project.callbacks.grad_cam import GradCam  # room: explain
+
+# room: explain begin
+from project.callbacks.grad_cam import GradCam
+
+# room: explain end
 from project.callbacks.save_config import AtomicSaveConfig
 from project.checkpoint_values import checkpoint_layer
 from project.config_checks import check_cli_config

@@ -106,13 +106,17 @@ def check_batch_fits(image_size: Any, batch_size: Any, memory: int | None = None
             f"--data.batch_size={batch_size:,} is too large: {sizes}",
             f"set --data.batch_size to at most {fitting:,} at this image size, less for the model's own "
             "memory (16 to 256 are usual"
-            "; `python -m project memory` measures a batch's cost"  # room: memory
+            # room: memory begin
+            "; `python -m project memory` measures a batch's cost"
+            # room: memory end
             ").",
         )
     raise UserError(
         f"--data.image_size={image_size} is too large: {sizes}",
         "set --data.image_size to what the images need (224 is usual"
-        "; `python -m project memory` measures a size's cost"  # room: memory
+        # room: memory begin
+        "; `python -m project memory` measures a size's cost"
+        # room: memory end
         "), or a smaller --data.batch_size.",
     )
 

@@ -22,9 +22,7 @@ from typing_extensions import override
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
 from project.errors import UserError
 from project.export import export_checkpoint, validation_images
-from project.memory_budget import measure_step  # room: memory
 from project.sync_batchnorm import SyncBatchNorm
-from project.tuning import find_batch_size, find_lr  # room: tuning
 
 
 class Trainer(L.Trainer):
@@ -89,6 +87,8 @@ class Trainer(L.Trainer):
             model: The model as `fit` would build it.
             datamodule: Gives the batch size and image size.
         """
+        from project.memory_budget import measure_step
+
         print(measure_step(model, self, datamodule.batch_size, datamodule.image_size))
 
     # room: memory end
@@ -133,6 +133,8 @@ class Trainer(L.Trainer):
             max_lr: The last learning rate tried.
             num_training: Training steps, each at a higher learning rate (exponentially spaced).
         """
+        from project.tuning import find_lr
+
         folder = Path(self.default_root_dir)
         # a small data set would run out of epochs before num_training steps (one batch an epoch at least)
         self.fit_loop.max_epochs = max(self.max_epochs or 1, num_training)
@@ -159,6 +161,8 @@ class Trainer(L.Trainer):
             max_val: Never try a batch larger than this (on a CPU nothing else stops the search).
             steps_per_trial: Training steps run at each size.
         """
+        from project.tuning import find_batch_size
+
         find_batch_size(
             self, model, datamodule, self.command_args, mode, init_val, max_trials, max_val, steps_per_trial
         )
@@ -266,8 +270,10 @@ def out_of_memory_ends_in_one_line(trainer: L.Trainer) -> Iterator[None]:
             f"Out of memory at step {trainer.global_step} (epoch {trainer.current_epoch})"
             + (f" with --data.batch_size={size}" if size else "")
             + f" on {trainer.strategy.root_device}: {first_line[:200]}.",
-            "find the largest batch that fits with `python -m project batch_size_find` "  # room: tuning
-            "(same flags), or "  # room: tuning
+            # room: tuning begin
+            "find the largest batch that fits with `python -m project batch_size_find` "
+            "(same flags), or "
+            # room: tuning end
             "halve --data.batch_size and set --trainer.accumulate_grad_batches=2 (the same batch per "
             "optimizer step), or --trainer.precision=bf16-mixed; then resume with --ckpt_path last (the "
             "last checkpoint is kept).",

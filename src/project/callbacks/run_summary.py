@@ -75,7 +75,9 @@ def summary(trainer: L.Trainer, how: str) -> str:
         lines.append(f"  python -m project predict --ckpt_path {model} --data.predict_dir=IMAGES")
     if exported is not None:
         lines.append(f"  python -m project infer --model {shown(latest)} IMAGES")
-        lines.append(f"  python -m project serve --model {shown(latest)}")  # room: serve
+        # room: serve begin
+        lines.append(f"  python -m project serve --model {shown(latest)}")
+        # room: serve end
     if how != "finished" and last.exists():
         lines.append(f"  python -m project fit --name {run} --ckpt_path last   # resume")
     return printable_block(lines)

@@ -26,7 +26,9 @@ from project.errors import UserError
 # Export files other than .onnx, by suffix: (their key in the sidecar's `files`, the module whose
 # `Session(path, threads)` runs them with onnxruntime's call shape `run(["logits"], {"images": batch})`)
 RUNTIMES = {
-    ".xml": ("openvino", "project.deploy.openvino_runtime"),  # room: openvino
+    # room: openvino begin
+    ".xml": ("openvino", "project.deploy.openvino_runtime"),
+    # room: openvino end
 }
 
 # The sidecar's resize filters (project.deploy.sidecar.INTERPOLATIONS) as Pillow's
