@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -104,3 +105,20 @@ def test_each_reader_refuses_a_tampered_sidecar_through_the_one_check(
         readers(tmp_path)[reader]()
     assert checked == [tmp_path / "m.json"]
     assert expected.format(json=tmp_path / "m.json") in str(refused.value)
+
+
+def test_every_key_the_rules_check_is_documented() -> None:
+    """deploy/sidecar.py's RULES are the one list of checked keys; docs/sidecar.md's table names each."""
+    from project.deploy.sidecar import RULES
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "sidecar.md").read_text()
+    documented = set(
+        re.findall(r"`([\w.]+)`", "\n".join(line for line in page.splitlines() if line.startswith("| `")))
+    )
+
+    # `preprocessing` is named by `preprocessing.crop_ratio`, `feature_bank.k` by `feature_bank`
+    def named(key: str) -> bool:
+        return any(d == key or d.startswith(key + ".") or key.startswith(d + ".") for d in documented)
+
+    missing = sorted({rule.key for rule in RULES if not named(rule.key)})
+    assert RULES and missing == []

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from project.deploy import feature_bank
 from project.deploy.calibration import FEATURE_SCORES, SCORES, Calibration
@@ -37,6 +37,8 @@ TASKS = ("multiclass", "multilabel")
 QUANTILES = 101  # calibration.quantiles: shares 0, 1, ..., 100 %
 MAX_IMAGE_SIZE = 8192  # the resize before the crop stays below this too (a crop ratio near 0 would not)
 MAX_BINS = 1000  # reliability diagram bins (export writes 15)
+# the fewest columns a feature bank row has: one network feature and the image statistics
+MIN_BANK_COLUMNS = 1 + sum(width for _, width in feature_bank.IMAGE_BLOCKS)
 FIX = "export the checkpoint again with `python -m project export` (or correct the key)."
 
 
@@ -191,123 +193,59 @@ def sidecar_multilabel(meta: Mapping) -> bool:
     return meta.get("task") == "multilabel"
 
 
-def check(meta: Any, path: Path | str) -> None:
-    """Nothing when every key the deploy side reads has a usable value; else UserError naming the first."""
-    if not isinstance(meta, dict):
-        raise UserError(f"Sidecar '{path}' is not an export sidecar: it holds a {type(meta).__name__}.", FIX)
-    _check_version(meta, path)
+@dataclass(frozen=True)
+class Rule:
+    """What one key of a sidecar must hold: `ok(meta)` sees the whole sidecar, and the rules before it
+    have passed (a later rule may read what an earlier one checked)."""
 
-    def refuse(key: str, expected: str) -> NoReturn:
-        value = _get(meta, key)
-        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-        raise UserError(f"Sidecar '{path}': '{key}' is {shown}; expected {expected}.", FIX)
+    key: str  # dotted: `preprocessing.crop_ratio`
+    expected: str | Callable[[dict], str]  # what the error says was expected (from the sidecar: a function)
+    ok: Callable[[dict], bool]
 
-    names = meta.get("class_names")
-    if not (isinstance(names, list) and names and all(isinstance(n, str) and n for n in names)):
-        refuse("class_names", "a list of the class names, non-empty strings")
-    if len(set(names)) != len(names):
-        refuse("class_names", "distinct names")
-    task = meta.get("task", "multiclass")
-    if task not in TASKS:
-        refuse("task", f"one of {', '.join(TASKS)}")
-    if sidecar_multilabel(meta) and not _number(
-        meta.get("threshold", 0.5), 0, 1, low_open=True, high_open=True
-    ):
-        refuse("threshold", "a probability between 0 and 1 (exclusive)")
-    size = meta.get("image_size")
-    if not (isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_IMAGE_SIZE):
-        refuse("image_size", f"a whole number of pixels from 1 to {MAX_IMAGE_SIZE}")
-    preprocessing = meta.get("preprocessing")
-    if not isinstance(preprocessing, dict):
-        refuse("preprocessing", "an object with the crop_ratio")
-    ratio = preprocessing.get("crop_ratio")
-    if not (_number(ratio, 0, 1, low_open=True) and round(size / ratio) <= MAX_IMAGE_SIZE):
-        refuse(
-            "preprocessing.crop_ratio", f"a number in (0, 1] with image_size / crop_ratio <= {MAX_IMAGE_SIZE}"
-        )
-    if preprocessing.get("interpolation", INTERPOLATIONS[0]) not in INTERPOLATIONS:
-        refuse("preprocessing.interpolation", f"one of {', '.join(INTERPOLATIONS)} (or absent: bilinear)")
-    if meta.get("temperature") is not None and not _number(meta["temperature"], 0, math.inf, low_open=True):
-        refuse("temperature", "a finite number > 0 (or null)")
-    if meta.get("unknown_score") is not None and meta["unknown_score"] not in SCORES:
-        refuse("unknown_score", f"one of {', '.join(SCORES)} (or null)")
-    if meta.get("unknown_threshold") is not None and not _number(
-        meta["unknown_threshold"], -math.inf, math.inf
-    ):
-        refuse("unknown_threshold", "a finite number (or null)")
-    table = meta.get("unknown_quantiles")
-    if table is not None and not (
+
+def _optional(key: str, test: Callable[[Any], bool]) -> Callable[[dict], bool]:
+    """A rule's test for a key that may be absent or null."""
+    return lambda meta: _get(meta, key) is None or test(_get(meta, key))
+
+
+def _class_names(names: Any) -> bool:
+    return isinstance(names, list) and bool(names) and all(isinstance(n, str) and n for n in names)
+
+
+def _crop(meta: dict) -> bool:
+    ratio = meta["preprocessing"].get("crop_ratio")
+    return _number(ratio, 0, 1, low_open=True) and round(meta["image_size"] / ratio) <= MAX_IMAGE_SIZE
+
+
+def _increasing(table: Any) -> bool:
+    return (
         isinstance(table, list)
         and len(table) == QUANTILES
         and all(_number(q, -math.inf, math.inf) for q in table)
         and all(a <= b for a, b in itertools.pairwise(table))
-    ):
-        refuse("unknown_quantiles", f"{QUANTILES} finite numbers in increasing order (or null)")
-    accept = meta.get("unknown_accept")
-    if accept is not None and not _number(accept, 0, 1):
-        refuse("unknown_accept", "a share from 0 to 1 (or null)")
-    _check_feature_bank(meta, refuse)
-    files = meta.get("files")
-    if files is not None and not (
-        isinstance(files, dict) and all(isinstance(f, str) for f in files.values())
-    ):
-        refuse("files", "an object naming each exported file, e.g. the .onnx (or absent)")
-    source = meta.get("source_checkpoint")
-    if source is not None and not (isinstance(source, dict) and isinstance(source.get("path", ""), str)):
-        refuse("source_checkpoint", "an object with the checkpoint's path (or absent)")
-    for key in ("ece_before", "ece_after"):
-        if meta.get(key) is not None and not _number(meta[key], 0, 1):
-            refuse(key, "a calibration error from 0 to 1 (or null)")
-    if meta.get("reliability") is not None and not _reliability(meta["reliability"]):
-        refuse(
-            "reliability",
-            f"bins (1 to {MAX_BINS}) with a confidence, accuracy and count per bin, before and after",
-        )
+    )
 
 
-def _check_feature_bank(meta: dict, refuse: Callable[[str, str], NoReturn]) -> None:
-    """The `feature_bank` description: a plain file name beside the sidecar, its shape within the bounds
-    of `project.deploy.feature_bank`, its sha256; required by a feature-space unknown score."""
-    bank = meta.get("feature_bank")
-    if bank is None:
-        if meta.get("unknown_score") in FEATURE_SCORES and meta.get("unknown_threshold") is not None:
-            refuse("feature_bank", f"the training features file the {meta['unknown_score']} score needs")
-        return
-    if not isinstance(bank, dict):
-        refuse("feature_bank", "an object describing the training features file (or absent)")
-    name = bank.get("file")
-    if not (
-        isinstance(name, str)
-        and name.endswith("." + feature_bank.SUFFIX)
-        and name == Path(name).name
-        and not name.startswith(".")
-    ):
-        refuse("feature_bank.file", f"a file name ending in .{feature_bank.SUFFIX}, beside the sidecar")
-    rows, dim = bank.get("rows"), bank.get("dim")
-    least = 1 + sum(width for _, width in feature_bank.IMAGE_BLOCKS)
-    if not _whole(dim, least, feature_bank.MAX_BYTES // feature_bank.DTYPE.itemsize):
-        refuse(
-            "feature_bank.dim", f"the columns per image, a whole number from {least} (features + statistics)"
-        )
-    if not _whole(rows, 1, feature_bank.rows_for(dim, feature_bank.MAX_ROWS)):
-        refuse(
-            "feature_bank.rows",
-            f"a whole number from 1 to {feature_bank.rows_for(dim, feature_bank.MAX_ROWS)} "
-            f"(at most {feature_bank.MAX_ROWS} images, {feature_bank.MAX_BYTES} bytes)",
-        )
-    blocks = feature_bank.blocks_for(dim)
-    if bank.get("blocks", [list(b) for b in blocks]) != [list(b) for b in blocks]:
-        refuse("feature_bank.blocks", f"{[list(b) for b in blocks]}, the blocks of {dim} columns")
-    if not feature_bank.valid_standardize(bank.get("standardize"), blocks):
-        refuse(
-            "feature_bank.standardize",
-            "a finite [mean, spread > 0] for each block: " + ", ".join(n for n, _ in blocks),
-        )
-    if bank.get("k", feature_bank.K) != feature_bank.K:
-        refuse("feature_bank.k", f"{feature_bank.K}, the neighbour this template's knn score reads")
-    digest = bank.get("sha256")
-    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-        refuse("feature_bank.sha256", "the file's sha256, 64 lowercase hex digits")
+def _bank_file(name: Any) -> bool:
+    suffix = "." + feature_bank.SUFFIX
+    return isinstance(name, str) and name.endswith(suffix) and name == Path(name).name and name[0] != "."
+
+
+def _bank(test: Callable[[dict], bool]) -> Callable[[dict], bool]:
+    """A rule's test of the `feature_bank` object, when there is one (an object: checked before)."""
+    return lambda meta: meta.get("feature_bank") is None or test(meta["feature_bank"])
+
+
+def _most_rows(bank: dict) -> int:
+    return feature_bank.rows_for(bank["dim"], feature_bank.MAX_ROWS)
+
+
+def _bank_blocks(bank: dict) -> list[list[Any]]:
+    return [list(b) for b in feature_bank.blocks_for(bank["dim"])]
+
+
+def _sha256(digest: Any) -> bool:
+    return isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
 
 
 def _whole(value: Any, low: int, high: int) -> bool:
@@ -372,3 +310,167 @@ def _get(meta: Mapping, key: str) -> Any:
     for part in key.split("."):
         meta = meta.get(part) if isinstance(meta, Mapping) else None
     return meta
+
+
+# Every key the deploy side reads, in the order checked; the first that fails is the one error.
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "class_names",
+        "a list of the class names, non-empty strings",
+        lambda m: _class_names(m.get("class_names")),
+    ),
+    Rule("class_names", "distinct names", lambda m: len(set(m["class_names"])) == len(m["class_names"])),
+    Rule("task", f"one of {', '.join(TASKS)}", lambda m: m.get("task", "multiclass") in TASKS),
+    Rule(
+        "threshold",
+        "a probability between 0 and 1 (exclusive)",
+        lambda m: (
+            not sidecar_multilabel(m) or _number(m.get("threshold", 0.5), 0, 1, low_open=True, high_open=True)
+        ),
+    ),
+    Rule(
+        "image_size",
+        f"a whole number of pixels from 1 to {MAX_IMAGE_SIZE}",
+        lambda m: _whole(m.get("image_size"), 1, MAX_IMAGE_SIZE),
+    ),
+    Rule(
+        "preprocessing", "an object with the crop_ratio", lambda m: isinstance(m.get("preprocessing"), dict)
+    ),
+    Rule(
+        "preprocessing.crop_ratio",
+        f"a number in (0, 1] with image_size / crop_ratio <= {MAX_IMAGE_SIZE}",
+        _crop,
+    ),
+    Rule(
+        "preprocessing.interpolation",
+        f"one of {', '.join(INTERPOLATIONS)} (or absent: bilinear)",
+        lambda m: m["preprocessing"].get("interpolation", INTERPOLATIONS[0]) in INTERPOLATIONS,
+    ),
+    Rule(
+        "temperature",
+        "a finite number > 0 (or null)",
+        _optional("temperature", lambda v: _number(v, 0, math.inf, low_open=True)),
+    ),
+    Rule(
+        "unknown_score",
+        f"one of {', '.join(SCORES)} (or null)",
+        _optional("unknown_score", lambda v: v in SCORES),
+    ),
+    Rule(
+        "unknown_threshold",
+        "a finite number (or null)",
+        _optional("unknown_threshold", lambda v: _number(v, -math.inf, math.inf)),
+    ),
+    Rule(
+        "unknown_quantiles",
+        f"{QUANTILES} finite numbers in increasing order (or null)",
+        _optional("unknown_quantiles", _increasing),
+    ),
+    Rule(
+        "unknown_accept",
+        "a share from 0 to 1 (or null)",
+        _optional("unknown_accept", lambda v: _number(v, 0, 1)),
+    ),
+    Rule(
+        "feature_bank",
+        lambda m: f"the training features file the {m['unknown_score']} score needs",
+        lambda m: (
+            m.get("feature_bank") is not None
+            or m.get("unknown_score") not in FEATURE_SCORES
+            or m.get("unknown_threshold") is None
+        ),
+    ),
+    Rule(
+        "feature_bank",
+        "an object describing the training features file (or absent)",
+        _optional("feature_bank", lambda v: isinstance(v, dict)),
+    ),
+    Rule(
+        "feature_bank.file",
+        f"a file name ending in .{feature_bank.SUFFIX}, beside the sidecar",
+        _bank(lambda bank: _bank_file(bank.get("file"))),
+    ),
+    Rule(
+        "feature_bank.dim",
+        f"the columns per image, a whole number from {MIN_BANK_COLUMNS} (features + statistics)",
+        _bank(
+            lambda bank: _whole(
+                bank.get("dim"), MIN_BANK_COLUMNS, feature_bank.MAX_BYTES // feature_bank.DTYPE.itemsize
+            )
+        ),
+    ),
+    Rule(
+        "feature_bank.rows",
+        lambda m: (
+            f"a whole number from 1 to {_most_rows(m['feature_bank'])} (at most {feature_bank.MAX_ROWS} "
+            f"images, {feature_bank.MAX_BYTES} bytes)"
+        ),
+        _bank(lambda bank: _whole(bank.get("rows"), 1, _most_rows(bank))),
+    ),
+    Rule(
+        "feature_bank.blocks",
+        lambda m: f"{_bank_blocks(m['feature_bank'])}, the blocks of {m['feature_bank']['dim']} columns",
+        _bank(lambda bank: bank.get("blocks", _bank_blocks(bank)) == _bank_blocks(bank)),
+    ),
+    Rule(
+        "feature_bank.standardize",
+        lambda m: (
+            "a finite [mean, spread > 0] for each block: "
+            + ", ".join(n for n, _ in feature_bank.blocks_for(m["feature_bank"]["dim"]))
+        ),
+        _bank(
+            lambda bank: feature_bank.valid_standardize(
+                bank.get("standardize"), feature_bank.blocks_for(bank["dim"])
+            )
+        ),
+    ),
+    Rule(
+        "feature_bank.k",
+        f"{feature_bank.K}, the neighbour this template's knn score reads",
+        _bank(lambda bank: bank.get("k", feature_bank.K) == feature_bank.K),
+    ),
+    Rule(
+        "feature_bank.sha256",
+        "the file's sha256, 64 lowercase hex digits",
+        _bank(lambda bank: _sha256(bank.get("sha256"))),
+    ),
+    Rule(
+        "files",
+        "an object naming each exported file, e.g. the .onnx (or absent)",
+        _optional("files", lambda v: isinstance(v, dict) and all(isinstance(f, str) for f in v.values())),
+    ),
+    Rule(
+        "source_checkpoint",
+        "an object with the checkpoint's path (or absent)",
+        _optional("source_checkpoint", lambda v: isinstance(v, dict) and isinstance(v.get("path", ""), str)),
+    ),
+    Rule(
+        "ece_before",
+        "a calibration error from 0 to 1 (or null)",
+        _optional("ece_before", lambda v: _number(v, 0, 1)),
+    ),
+    Rule(
+        "ece_after",
+        "a calibration error from 0 to 1 (or null)",
+        _optional("ece_after", lambda v: _number(v, 0, 1)),
+    ),
+    Rule(
+        "reliability",
+        f"bins (1 to {MAX_BINS}) with a confidence, accuracy and count per bin, before and after",
+        _optional("reliability", _reliability),
+    ),
+)
+
+
+def check(meta: Any, path: Path | str) -> None:
+    """Nothing when every key the deploy side reads has a usable value (RULES); else UserError naming the
+    first that does not."""
+    if not isinstance(meta, dict):
+        raise UserError(f"Sidecar '{path}' is not an export sidecar: it holds a {type(meta).__name__}.", FIX)
+    _check_version(meta, path)
+    for rule in RULES:
+        if not rule.ok(meta):
+            value = _get(meta, rule.key)
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            expected = rule.expected(meta) if callable(rule.expected) else rule.expected
+            raise UserError(f"Sidecar '{path}': '{rule.key}' is {shown}; expected {expected}.", FIX)
