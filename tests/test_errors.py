@@ -13,7 +13,7 @@ import pytest
 
 import project
 from project.__main__ import COMMANDS
-from project.errors import usage_error
+from project.errors import module_of, usage_error
 
 # One bad value per command; each fails while the options are read, before any model or data work.
 MISTAKES = {
@@ -155,7 +155,7 @@ def test_a_command_whose_extra_is_missing_names_the_extra_in_one_line(tmp_path: 
     extra = COMMANDS[command][2]
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     packages = [re.split(r"[<>=!~;\[ ]", r)[0] for r in pyproject["project"]["optional-dependencies"][extra]]
-    modules = [p.lower().replace("-", "_").removeprefix("python_") for p in packages]
+    modules = [module_of(p) for p in packages]
     script = (
         "import sys\n"
         f"for name in {modules!r}: sys.modules[name] = None\n"

@@ -47,14 +47,18 @@ def owned(name: str) -> list[str]:
     return [rel for rel in files() if room_of(rel) == name]
 
 
+def module_names(paths: list[str]) -> set[str]:
+    """The dotted names of the package's modules and packages among `paths` (`<package>.sweep.command`)."""
+    return {
+        ".".join(Path(rel).with_suffix("").parts[1:]).removesuffix(".__init__")
+        for rel in paths
+        if rel.startswith(f"src/{PACKAGE}/") and rel.endswith(".py")
+    }
+
+
 def modules(name: str) -> list[str]:
     """The dotted names of a room's modules and packages (`<package>.<room>`, `<package>.<room>.command`)."""
-    found = []
-    for rel in owned(name):
-        if rel.startswith(f"src/{PACKAGE}/") and rel.endswith(".py"):
-            parts = Path(rel).with_suffix("").parts[1:]
-            found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return found
+    return sorted(module_names(owned(name)))
 
 
 def test_every_room_owns_files_of_its_own_and_its_extras_exist() -> None:
@@ -284,14 +288,6 @@ def test_what_stays_parses_and_imports_only_what_stays(left_out: list[str]) -> N
 
     gone = set(left_out)
     kept = [rel for rel in files() if room_of(rel) not in gone]
-
-    def module_names(paths: list[str]) -> set[str]:
-        return {
-            ".".join(Path(rel).with_suffix("").parts[1:]).removesuffix(".__init__")
-            for rel in paths
-            if rel.startswith(f"src/{PACKAGE}/") and rel.endswith(".py")
-        }
-
     present, every = module_names(kept), module_names(list(files()))
     problems = []
     for rel in kept:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
-from project.errors import UserError, exits_on_user_error, extra_packages, missing_package
+from project.errors import UserError, exits_on_user_error, extra_packages, missing_package, module_of
 
 # command -> (module whose main(argv) runs it, what it does: the training CLI's --help lists these, the
 # extra of pyproject.toml its packages come from or None); everything else is a LightningCLI subcommand
@@ -94,7 +94,7 @@ def _without_extra(command: str | None, extra: str | None, error: ModuleNotFound
     """The one-line UserError when the missing module is a package of the command's extra; else None."""
     packages = extra_packages(extra) if extra else ""
     missing = error.name or ""  # a package's own submodule missing: the package is there, but broken
-    names = {name.lower().replace("-", "_").removeprefix("python_") for name in packages.split()}
+    names = {module_of(name) for name in packages.split()}
     if not extra or not missing or "." in missing or (names and missing.lower() not in names):
         return None
     return missing_package(f"`{command}`", extra, packages or missing)

@@ -64,11 +64,16 @@ from project.runs import (
 )
 from project.trainer import Trainer
 
+
+def checkpoint_filename(monitor: str) -> str:
+    """Checkpoint names carry the monitored metric: `epoch=004-val_balanced_acc=0.8123` (val/balanced_acc)."""
+    return f"epoch={{epoch:03d}}-{monitor.replace('/', '_')}={{{monitor}:.4f}}"
+
+
 # Subcommands that evaluate a trained model: its classes, image size and data settings come from
 # --ckpt_path (project.checkpoint_values), flags override them; the data's classes are checked against it.
 CHECKPOINT_ONLY = tuple(name for name, kind in TRAINING.items() if kind == "checkpoint")
-# Checkpoint names carry the monitored metric (another --checkpoint.monitor puts its own in the name).
-DEFAULT_FILENAME = f"epoch={{epoch:03d}}-{MONITOR.replace('/', '_')}={{{MONITOR}:.4f}}"
+DEFAULT_FILENAME = checkpoint_filename(MONITOR)  # another --checkpoint.monitor puts its own in the name
 # Subcommands that only look at the configured model and data: no checkpoint, no run folder.
 DRY = tuple(name for name, kind in TRAINING.items() if kind == "dry")
 # Subcommands that try training steps on the configured model and data (Lightning's Tuner), then print
@@ -294,8 +299,7 @@ class ProjectCLI(LightningCLI):
             self.save_config_kwargs["config_filename"] = f"{self.subcommand}-config.yaml"
         monitor = config.checkpoint.monitor
         if config.checkpoint.filename == DEFAULT_FILENAME and monitor not in (None, MONITOR):
-            # e.g. val/balanced_acc: epoch=004-val_balanced_acc=0.8123.ckpt
-            config.checkpoint.filename = f"epoch={{epoch:03d}}-{monitor.replace('/', '_')}={{{monitor}:.4f}}"
+            config.checkpoint.filename = checkpoint_filename(monitor)
         if config.checkpoint.dirpath is None:
             config.checkpoint.dirpath = str(CHECKPOINTS / config.name)
         if self.subcommand == "fit" and not debug and os.environ.get("LOCAL_RANK", "0") == "0":

@@ -57,6 +57,11 @@ def extra_packages(extra: str) -> str:
     return " ".join(re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0] for r in requirements if marker.search(r))
 
 
+def module_of(package: str) -> str:
+    """The module a package is imported as, by the usual rule (`python-multipart` -> `multipart`)."""
+    return package.lower().replace("-", "_").removeprefix("python_")
+
+
 def missing_package(needed_for: str, extra: str, packages: str) -> UserError:
     """The UserError for an optional package that is not installed: what needs it and how to install it."""
     names = packages.split()

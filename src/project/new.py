@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -269,11 +270,11 @@ def is_checkout(root: Path, package: str = PACKAGE) -> bool:
     return (root / "pyproject.toml").is_file() and (root / "src" / package).is_dir()
 
 
-def left_out_rooms(value: str) -> set[str]:
+def left_out_rooms(value: str) -> frozenset[str]:
     """The rooms named by --without: a comma-separated list of ROOMS' names, or `all`."""
     names = {part.strip() for part in value.split(",") if part.strip()}
     if "all" in names:
-        return set(ROOMS)
+        return frozenset(ROOMS)
     unknown = sorted(names - set(ROOMS))
     if unknown or not names:
         rooms = f"the rooms are {', '.join(ROOMS)}" if ROOMS else "this copy has no optional room left"
@@ -282,10 +283,10 @@ def left_out_rooms(value: str) -> set[str]:
             f"pass rooms separated by commas (e.g. --without {','.join(list(ROOMS)[:2])}), or --without all "
             "for the core alone; `new --help` says what each holds.",
         )
-    return names
+    return frozenset(names)
 
 
-def marked_out(text: str, left_out: set[str], rel: str) -> str:
+def marked_out(text: str, left_out: AbstractSet[str], rel: str) -> str:
     """`text` less the lines marked for the rooms left out; a marker that cannot be read is one error."""
     try:
         return without(text, left_out)
@@ -318,12 +319,12 @@ def create(
     check_name(name, old)
     try:
         check_dest(dest, root)
-        return _create(dest, name, root, old, set(left_out))
+        return _create(dest, name, root, old, left_out)
     except OSError as e:
         raise cannot_write(dest, e) from None
 
 
-def _create(dest: Path, name: str, root: Path, old: str, left_out: set[str]) -> tuple[int, str | None]:
+def _create(dest: Path, name: str, root: Path, old: str, left_out: frozenset[str]) -> tuple[int, str | None]:
     """The copy itself, once the name and the destination are checked."""
     if not is_checkout(root, old):
         raise UserError(
@@ -488,8 +489,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--without", default="", metavar="ROOM[,ROOM...]", help="optional rooms to leave out, or all"
     )
     args = parser.parse_args(argv)
-    left_out = left_out_rooms(args.without) if args.without else set()
-    count, commit = create(args.dest, args.name, left_out=frozenset(left_out))
+    left_out = left_out_rooms(args.without) if args.without else frozenset()
+    count, commit = create(args.dest, args.name, left_out=left_out)
     note = f"git commit {commit}" if commit else "no git repository: git is not installed"
     dest = printable(str(args.dest))  # a folder name could hold terminal control characters
     print(

@@ -12,15 +12,16 @@ carry a marker in that file's comment syntax, and go with the room:
     | `name` | what it does | [its page](docs/name.md) | <!-- room: ROOM -->
 
 (ROOM being the room's name, in lower case), and a block of lines sits between `room: ROOM begin` and
-`room: ROOM end` marker lines. The rules that
-keep rooms apart (no core import of a room, no room reaching into another, every marker naming a room,
-nothing left behind in a clone) are tests/test_rooms.py.
+`room: ROOM end` marker lines. The rules that keep rooms apart (no core import of a room, no room
+reaching into another, every marker naming a room, nothing left behind in a clone) are
+tests/test_rooms.py.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 
@@ -145,7 +146,7 @@ def marked_rooms(found: re.Match[str]) -> list[str]:
     return [name.strip() for name in found["name"].split(",")]
 
 
-def without(text: str, left_out: set[str]) -> str:
+def without(text: str, left_out: AbstractSet[str]) -> str:
     """`text` less the lines marked for the rooms in `left_out` (each marker line of a block goes too).
 
     Raises:
