@@ -20,6 +20,7 @@ import pytest
 import tomllib
 
 from project import new
+from project.errors import UserError
 from project.rooms import MARKER, ROOMS, marked_rooms, room_of, without
 
 REPO = Path(__file__).resolve().parents[1]
@@ -322,3 +323,11 @@ def test_what_stays_parses_and_imports_only_what_stays(left_out: list[str]) -> N
                     if a.name.startswith(f"{PACKAGE}.") and a.name not in present
                 ]
     assert problems == []
+
+
+def test_new_refuses_markers_that_do_not_pair_up_in_one_line_naming_the_file() -> None:
+    with pytest.raises(UserError) as refused:
+        new.marked_out(f"a\n# {R}: serve begin\nb\n", frozenset({"serve"}), "src/x.py")
+    message = str(refused.value)
+    assert message.startswith("'src/x.py' has room markers that do not pair up (`room: serve begin`")
+    assert "nothing was written. Fix: close each `room: NAME begin` with `room: NAME end`" in message
