@@ -7,7 +7,7 @@ inputs of the wrong kind are refused with an exception that says what to pass.
 from __future__ import annotations
 
 import csv
-import importlib.util
+import importlib.util  # room: openvino
 import json
 import shutil
 import subprocess

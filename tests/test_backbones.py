@@ -8,9 +8,20 @@ from torch import nn
 from torchvision.models.regnet import BlockParams
 from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings
 
-from project.backbones import build_backbone, classification_models, head_of, load_weights, size_arguments
+from project.backbones import (
+    FAMILIES,
+    build_backbone,
+    family_of,
+    head_of,
+    load_weights,
+    logits_and_features,
+    preprocessing,
+    read_safetensors,
+)
 from project.errors import UserError
+from project.finetune import depth_levels
 from project.model import ImageClassifier
+from project.torchvision_backbones import classification_models, size_arguments
 from tests.helpers import RunsCode, write_deflated
 
 
@@ -24,6 +35,57 @@ def test_head_has_num_classes_for_every_family(name: str) -> None:
         assert model(torch.zeros(2, 3, 64, 64)).shape == (2, 7)
     head = head_of(model)
     assert (head.out_features if isinstance(head, nn.Linear) else head.out_channels) == 7
+
+
+@pytest.mark.parametrize("prefix", list(FAMILIES))
+def test_every_family_keeps_the_contract(prefix: str, tmp_path: Path) -> None:
+    """What every command asks of a family (backbones.FAMILIES), on its EXAMPLE model: a head sized for
+    the classes, the penultimate features, the weights' preprocessing, weights from a local file (both
+    formats) into every tensor but the head, depth levels that hold each parameter once with the head
+    last, a spatial feature map for Grad-CAM, and one message for a name or weights it does not have."""
+    from safetensors.torch import save_file
+
+    family = family_of(prefix)
+    name = family.EXAMPLE
+    assert name.startswith(prefix) and family_of(name) is family and name in family.names()
+    torch.manual_seed(0)
+    net = build_backbone(name, 5, image_size=64).eval()
+    head = head_of(net)
+    with torch.no_grad():
+        logits, features = logits_and_features(net, torch.rand(2, 3, 64, 64))
+    assert logits.shape == (2, 5) and head.out_features == 5
+    assert features is not None and features.shape == (2, head.in_features)
+
+    config = preprocessing(name)
+    assert set(config) == {"mean", "std", "input_size", "interpolation", "crop_pct", "tag"}
+    assert len(config["mean"]) == len(config["std"]) == 3
+    assert config["interpolation"] in ("bilinear", "bicubic")
+
+    own = net.state_dict()
+    head_keys = {f"{path}.{p}" for path, m in net.named_modules() if m is head for p in ("weight", "bias")}
+    torch.save(own, tmp_path / "weights.pth")
+    save_file({k: v.contiguous() for k, v in own.items()}, tmp_path / "weights.safetensors")
+    assert read_safetensors(tmp_path / "weights.safetensors").keys() == own.keys()
+    for file in ("weights.pth", "weights.safetensors"):
+        loaded = build_backbone(name, 2, weights=str(tmp_path / file), image_size=64).state_dict()
+        assert all(torch.equal(loaded[k], own[k]) for k in own if k not in head_keys)
+        assert all(loaded[k].shape[0] == 2 for k in head_keys)
+
+    levels = depth_levels(net, name)
+    assert sorted(id(p) for level in levels for p in level) == sorted(id(p) for p in net.parameters())
+    assert {id(p) for p in levels[-1]} == {id(p) for p in head.parameters()} and len(levels) > 2
+
+    stage = family.feature_stage(net, name)
+    maps: list[torch.Tensor] = []
+    stage.register_forward_hook(lambda module, inputs, output: maps.append(output))
+    with torch.no_grad():
+        net(torch.rand(1, 3, 64, 64))
+    assert maps[-1].ndim == 4 and min(maps[-1].shape[-2:]) > 1
+
+    with pytest.raises(UserError, match=rf"Unknown backbone '{prefix}resnet81' \(--model.backbone\)"):
+        build_backbone(f"{prefix}resnet81", 2)
+    with pytest.raises(UserError, match=rf"Backbone '{name}' has no weights 'NO_SUCH' \(--model.weights\)"):
+        build_backbone(name, 2, weights="NO_SUCH")
 
 
 def test_vit_head() -> None:

@@ -70,7 +70,7 @@ def test_accumulate_grad_batches_must_be_positive(value: int) -> None:
 @EXAMPLES
 @given(st.text(min_size=1, max_size=20).filter(lambda s: s.strip() and s not in ("resnet18",)))
 def test_unknown_backbone_is_named(name: str) -> None:
-    from project.backbones import classification_models
+    from project.torchvision_backbones import classification_models
 
     if name in classification_models():
         return

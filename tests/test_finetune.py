@@ -20,7 +20,7 @@ LR = 0.01
 @pytest.mark.parametrize("backbone", ["resnet18", "mobilenet_v3_small", "squeezenet1_0"])
 def test_depth_groups_cover_every_parameter_once_head_last(backbone: str) -> None:
     net = build_backbone(backbone, 3)
-    groups = depth_groups(net, 0.5)
+    groups = depth_groups(net, backbone, 0.5)
     grouped = [id(p) for g in groups for p in g["params"]]
     assert sorted(grouped) == sorted(id(p) for p in net.parameters())
     assert [g["lr_scale"] for g in groups[::2]] == [0.5 ** (LEVELS - k) for k in range(LEVELS + 1)]

@@ -206,9 +206,8 @@ EXTRA_MODULES = {
     "cleanlab": "cleanlab",  # room: audit
     "grad-cam": "pytorch_grad_cam",  # room: explain
     "openvino": "openvino",  # room: openvino
-    "timm": "timm",
-    "huggingface_hub": "huggingface_hub",
-    "safetensors": "safetensors",
+    "timm": "timm",  # room: timm
+    "huggingface_hub": "huggingface_hub",  # room: timm
     "litdata": "litdata",
     "boto3": "boto3",
     "mlflow-skinny": "mlflow",

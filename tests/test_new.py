@@ -90,9 +90,9 @@ def test_clone_is_renamed_committed_and_passes_its_tests(tmp_path: Path, shapes_
     assert "Running in `fast_dev_run` mode" in fit.stdout + fit.stderr
 
 
+# room: timm begin
 @pytest.mark.slow
 def test_a_clone_trains_a_timm_backbone(tmp_path: Path, shapes_root: Path) -> None:
-    pytest.importorskip("timm")
     dest = tmp_path / "leaf"
     new.create(dest, "leafnet")
     backbone = "timm/test_efficientnet"  # timm's test EfficientNet: 0.1 M parameters, from scratch
@@ -119,6 +119,9 @@ def test_a_clone_trains_a_timm_backbone(tmp_path: Path, shapes_root: Path) -> No
     assert saved["hyper_parameters"]["scheduler"]["class_path"] == "leafnet.schedulers.WarmupCosineLR"
     assert saved["state_dict"]["net.classifier.weight"].shape[0] == 6  # timm's head, for the 6 shapes
     assert saved["pretrained_config"]["tag"] == "r160_in1k"
+
+
+# room: timm end
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,13 @@ from project.deploy.infer import main as infer_main
 from project.deploy.serve.command import main as serve_main
 
 # room: serve end
-from tests.exports import CLASSES, SIZE, encode, infer, tiny_export
+from tests.exports import (
+    CLASSES,
+    SIZE,
+    encode,  # room: serve
+    infer,
+    tiny_export,
+)
 from tests.servers import Server, predict  # room: serve
 
 pytest.importorskip("openvino")

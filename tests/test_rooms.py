@@ -200,8 +200,9 @@ def test_new_help_lists_every_room() -> None:
 
 @pytest.mark.slow
 def test_the_core_alone_has_no_room_and_passes_its_tests(tmp_path: Path, shapes_root: Path) -> None:
-    """`new --without all`: none of any room's files, extras or commands; its own convention and rooms
-    tests pass, its help lists no room's command, and it trains."""
+    """`new --without all`: none of any room's files, extras or commands; its code passes the linter (no
+    import left unused by a removed line), its own convention and rooms tests pass, its help lists no
+    room's command, and it trains."""
     dest = tmp_path / "core"
     new.main([str(dest), "--name", "core_task", "--without", "all"])
     for name in ROOMS:
@@ -210,9 +211,16 @@ def test_the_core_alone_has_no_room_and_passes_its_tests(tmp_path: Path, shapes_
     pyproject = tomllib.loads((dest / "pyproject.toml").read_text())
     dependencies = pyproject["project"]["dependencies"]
     required = " ".join(dependencies + pyproject["project"]["optional-dependencies"]["dev"])
-    for package in ("fastapi", "uvicorn", "optuna", "cleanlab"):
+    for package in ("fastapi", "uvicorn", "optuna", "cleanlab", "timm", "mlflow", "wandb"):
         assert package not in required, package
     assert "room:" not in (dest / "README.md").read_text()
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "F", "."],
+        cwd=dest,
+        capture_output=True,
+        text=True,
+    )
+    assert lint.returncode == 0, lint.stdout[-3000:]
     env = {**os.environ, "PYTHONPATH": str(dest / "src")}
     tests = ["tests/test_conventions.py", "tests/test_rooms.py"]  # its whole fast lane: docs/new-task.md
     done = subprocess.run(
@@ -236,6 +244,22 @@ def test_the_core_alone_has_no_room_and_passes_its_tests(tmp_path: Path, shapes_
         text=True,
     )
     assert fit.returncode == 0, fit.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("room", list(ROOMS))
+def test_a_copy_without_each_room_has_no_name_left_undefined_or_unused(room: str, tmp_path: Path) -> None:
+    """`new --without ROOM` for each room: pyflakes (ruff's F rules) finds no name the removed lines left
+    undefined and no import they left unused, in the copy's source, tests and benchmarks."""
+    dest = tmp_path / "copy"
+    new.main([str(dest), "--name", "leafnet", "--without", room])
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "F", "--output-format", "concise", "."],
+        cwd=dest,
+        capture_output=True,
+        text=True,
+    )
+    assert lint.returncode == 0, lint.stdout[-3000:]
 
 
 @pytest.mark.slow

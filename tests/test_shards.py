@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import socket
-import tempfile
+import tempfile  # room: audit
 import time
 from pathlib import Path
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from jsonargparse import Namespace
 
-from project.trackers import flat_params, without_credentials
+from project.terminal import without_credentials
+from project.trackers import flat_params
 from tests.helpers import fast_args, run_cli
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")  # the code under test, also where it is not installed

@@ -1,4 +1,5 @@
-"""project.trainer.Trainer: a full disk under the logs ends in one line, the checkpoints intact."""
+"""project.trainer.Trainer: a full disk under the logs ends in one line, the checkpoints intact; options
+it refuses before a run starts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from tensorboard.summary.writer import record_writer
 
+from project.errors import UserError
 from project.trainer import Trainer
 from tests.helpers import fast_args, run_cli
 
@@ -112,3 +114,13 @@ def test_a_loader_worker_stuck_on_a_file_is_named_after_the_timeout(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: The data loader delivered no batch for 3 seconds")
     assert f"'{stuck}'" in err[0] and "worker" in err[0] and "--data.loader_timeout" in err[0]
+
+
+def test_sync_batchnorm_on_cpu_processes_is_one_message() -> None:
+    with pytest.raises(UserError) as error:
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", sync_batchnorm=True, logger=False)
+    assert str(error.value).startswith(
+        "--trainer.sync_batchnorm=true needs GPUs: torch's SyncBatchNorm does not run in CPU processes "
+        "(this run: 2 CPU process(es), strategy DDPStrategy)."
+    )
+    assert "Fix: drop --trainer.sync_batchnorm" in str(error.value)

@@ -1,65 +1,56 @@
-"""Build any torchvision classification model (or timm model, `timm/<name>`) by name, sized for our
-classes, with optional weights."""
+"""Build a backbone by name, sized for our classes, with optional weights, whichever family it is from.
+
+A family is a module that builds its models by name (`FAMILIES`: torchvision's by default, timm's as
+`timm/<name>`), reads its registered weights, says what preprocessing they expect and how its layers are
+ordered in depth. What every family shares is here: the head, the penultimate features, weights from a
+local file, and the check that weights fit the model they are loaded into.
+"""
 
 from __future__ import annotations
 
-import difflib
-import math
-import pickle
-import re
+import importlib
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
-import torchvision
 from torch import nn
-from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings
 
-from project import timm_backbones
-from project.checkpoint_io import cached_weights_error, check_declared_sizes, load_checkpoint_file
+from project.checkpoint_io import load_checkpoint_file
 from project.errors import UserError
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-# torchvision's classification weights: ImageNet statistics, bilinear resize, 224 px centre crops of 256
-TORCHVISION_PREPROCESSING = {
-    "mean": IMAGENET_MEAN,
-    "std": IMAGENET_STD,
-    "input_size": 224,
-    "interpolation": "bilinear",
-    "crop_pct": 0.875,
-    "tag": None,
+# The backbone families: a `--model.backbone` prefix -> the module of that family's models, imported when a
+# name with its prefix is used (so a family's packages are needed by its models only). The first prefix a
+# name starts with wins; torchvision's, with none, is the default. A family module gives:
+#   PREFIX, LABEL (its name in messages), EXAMPLE (one small model, for the contract test over this table)
+#   names() -> every backbone name; weight_names(name) -> its registered weights, DEFAULT aside
+#   build(name, num_classes, image_size) -> the model with random weights (UserError for a name it lacks)
+#   preprocessing(name, weights) -> mean, std, input_size, interpolation, crop_pct, tag of those weights
+#   read_weights(name, weights) -> the state dict of registered weights (DEFAULT or a name)
+#   adapt_state(model, state) -> weights of another input size or layout made to fit the model
+#   layer_ids(net) -> each parameter's depth in the model's own blocks, or None (finetune cuts runs)
+#   feature_stage(net, name) -> the last block with a spatial feature map, or None (Grad-CAM's layer)
+FAMILIES = {
+    # room: timm begin
+    "timm/": "project.timm_backbones",
+    # room: timm end
+    "": "project.torchvision_backbones",
 }
 
-# MaxViT attends within 7x7 windows at each of its stages (strides 4, 8, 16, 32): each stage's grid
-# must be a whole number of windows, so 224 px (7 x 32) and its multiples fit.
-MAXVIT_TILE = 224
 
-
-def classification_models() -> list[str]:
-    """Every torchvision classification model name (resnet18, mobilenet_v3_small, vit_b_16, ...)."""
-    return torchvision.models.list_models(module=torchvision.models)
+def family_of(name: str) -> ModuleType:
+    """The family module of backbone `name` (its prefix's row of FAMILIES)."""
+    prefix = next(prefix for prefix in FAMILIES if name.startswith(prefix))
+    return importlib.import_module(FAMILIES[prefix])
 
 
 def build_backbone(
     name: str, num_classes: int, weights: str | None = None, image_size: int | None = None
 ) -> nn.Module:
     """`name` with a `num_classes` head, built for `image_size` px inputs (None: the model's own size);
-    `weights` is None, a weights name (torchvision's, or DEFAULT/a tag for `timm/` names), or a file."""
-    if timm_backbones.is_timm(name):
-        model = timm_backbones.build(name, num_classes, image_size)
-        if weights is not None and weights.lower() != "none":
-            load_weights(model, name, weights)
-        return model
-    known = classification_models()
-    if name not in known:
-        close = difflib.get_close_matches(name, known, n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else f"choose one of: {', '.join(known)}."
-        raise UserError(f"Unknown backbone '{name}' (--model.backbone).", hint)
-    extra = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
-    extra |= size_arguments(name, image_size)
-    model = torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra)
+    `weights` is None, a weights name of the family (DEFAULT, torchvision's IMAGENET1K_V1, a timm tag) or
+    a file."""
+    model = family_of(name).build(name, num_classes, image_size)
     if weights is not None and weights.lower() != "none":
         load_weights(model, name, weights)
     return model
@@ -67,59 +58,8 @@ def build_backbone(
 
 def preprocessing(name: str, weights: str | None = None) -> dict[str, Any]:
     """What backbone `name`'s pretrained weights expect: mean, std, input_size, interpolation, crop_pct
-    (timm: the model's pretrained config for that weights tag; torchvision: ImageNet's, for every model)."""
-    if timm_backbones.is_timm(name):
-        return timm_backbones.pretrained_config(name, weights)
-    return dict(TORCHVISION_PREPROCESSING)
-
-
-def size_arguments(name: str, image_size: int | None) -> dict[str, Any]:
-    """Builder arguments that size `name` for `image_size` px, or a UserError when it cannot take it.
-
-    ViT and MaxViT fix their input size when built (torchvision builds them for 224 px unless told),
-    so they are built for the configured size; swin pads its windows to any size; every other model
-    takes any size from the minimum its torchvision weights document (meta["min_size"]).
-    """
-    if image_size is None:
-        return {}
-    patch_in_name = re.fullmatch(r"vit_\w+_(\d+)", name)  # vit_b_16: 16 px patches
-    if patch_in_name:
-        patch = int(patch_in_name.group(1))
-        if image_size % patch:
-            _refuse(name, image_size, f"a multiple of {patch} px", math.ceil(image_size / patch) * patch)
-        return {"image_size": image_size}
-    if name.startswith("maxvit_"):
-        if not _maxvit_fits(image_size):
-            _refuse(name, image_size, f"a multiple of {MAXVIT_TILE} px", _next_multiple(image_size))
-        return {"input_size": (image_size, image_size)}
-    if name.startswith("swin"):
-        return {}
-    minimum = min_image_size(name)
-    if image_size < minimum:
-        _refuse(name, image_size, f"at least {minimum} px", minimum)
-    return {}
-
-
-def min_image_size(name: str) -> int:
-    """The smallest input torchvision documents for `name` (1 for most convolutional networks)."""
-    return max(entry.meta["min_size"][0] for entry in torchvision.models.get_model_weights(name))
-
-
-def _maxvit_fits(size: int) -> bool:
-    # the grid of each of the 4 stages (strides 4, 8, 16, 32; rounded up) must divide into 7x7 windows
-    return all(math.ceil(size / 2**k) % 7 == 0 for k in range(2, 6))
-
-
-def _next_multiple(size: int) -> int:
-    return max(1, math.ceil(size / MAXVIT_TILE)) * MAXVIT_TILE
-
-
-def _refuse(name: str, image_size: int, needs: str, suggested: int) -> None:
-    raise UserError(
-        f"Backbone '{name}' cannot take {image_size} px images (--data.image_size={image_size}): "
-        f"it needs {needs}.",
-        f"set --data.image_size={suggested}, or choose another --model.backbone.",
-    )
+    (torchvision: ImageNet's, for every model; timm: the model's pretrained config for that weights tag)."""
+    return family_of(name).preprocessing(name, weights)
 
 
 def head_of(model: nn.Module) -> nn.Module:
@@ -157,17 +97,11 @@ def logits_and_features(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor
 
 
 def load_weights(model: nn.Module, name: str, weights: str) -> None:
-    """Load every weight but the class-specific head, from torchvision's registry, timm's hub or a local
+    """Load every weight but the class-specific head, from the family's registered weights or a local
     file."""
-    if _looks_like_path(weights):
-        state = _read_local(Path(weights))
-    elif timm_backbones.is_timm(name):
-        state, _ = timm_backbones.read_hub(name, weights)
-    else:
-        state = _read_torchvision(name, weights)
-    if timm_backbones.is_timm(name):
-        state = timm_backbones.adapt_state(model, state)
-    state = _fit_position_embedding(model, state)
+    family = family_of(name)
+    state = _read_local(Path(weights)) if _looks_like_path(weights) else family.read_weights(name, weights)
+    state = family.adapt_state(model, state)
     own = model.state_dict()
     head = head_of(model)
     head_keys = {f"{k}.{p}" for k, m in model.named_modules() if m is head for p in ("weight", "bias")}
@@ -178,27 +112,10 @@ def load_weights(model: nn.Module, name: str, weights: str) -> None:
         raise UserError(
             f"Weights '{weights}' do not fit backbone '{name}': {len(missing)} of its tensors are missing "
             f"(e.g. {missing[:3]}), {len(skipped)} in the file do not match (e.g. {skipped[:3]}).",
-            "pass weights saved from the same architecture (a state dict of "
-            f"{'timm' if timm_backbones.is_timm(name) else 'torchvision'}'s {name}), or choose the "
-            "backbone they belong to.",
+            f"pass weights saved from the same architecture (a state dict of {family.LABEL}'s {name}), or "
+            "choose the backbone they belong to.",
         )
     model.load_state_dict(compatible, strict=False)
-
-
-def _fit_position_embedding(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """ViT weights made at another image size: interpolate their position embedding to this model's."""
-    key = "encoder.pos_embedding"
-    if not isinstance(model, VisionTransformer) or key not in state:
-        return state
-    if state[key].shape == model.encoder.pos_embedding.shape:
-        return state
-    try:
-        return dict(interpolate_embeddings(model.image_size, model.patch_size, dict(state)))
-    except ValueError as e:  # not a square grid of patches: not ViT weights
-        raise UserError(
-            f"The position embedding in the weights has shape {tuple(state[key].shape)} ({e}).",
-            "pass weights saved from a torchvision vision transformer.",
-        ) from None
 
 
 def _looks_like_path(weights: str) -> bool:
@@ -213,10 +130,8 @@ def _is_aux(key: str) -> bool:
 def _read_local(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise UserError(f"Weights file '{path}' (--model.weights) does not exist.", "check the path.")
-    if path.suffix == ".safetensors":  # tensors only, by the format
-        state = timm_backbones.read_safetensors(path)
-    else:
-        state = load_checkpoint_file(path)  # weights-only: a file from elsewhere cannot run code
+    # safetensors hold tensors only, by the format; other files are read weights-only: neither runs code
+    state = read_safetensors(path) if path.suffix == ".safetensors" else load_checkpoint_file(path)
     for key in ("state_dict", "model"):  # Lightning checkpoints and common training scripts nest it
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
@@ -228,31 +143,15 @@ def _read_local(path: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("net."): v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
-def _read_torchvision(name: str, weights: str) -> dict[str, torch.Tensor]:
-    registry = torchvision.models.get_model_weights(name)
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a .safetensors file (a format that holds tensors only), or a UserError naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     try:
-        entry = registry.DEFAULT if weights == "DEFAULT" else registry[weights]
-    except KeyError:
-        names = ", ".join(["DEFAULT", *registry.__members__])
+        return load_file(path, device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
         raise UserError(
-            f"Backbone '{name}' has no weights '{weights}' (--model.weights).",
-            f"use one of: {names}, none, or a local state-dict file.",
-        ) from None
-    # where torch.hub keeps the download (load_state_dict_from_url's rule)
-    cache = Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(entry.url).path).name
-    fix = f"delete that file (it is downloaded again from {entry.url}), or put the genuine file there."
-    try:
-        if not cache.is_file():  # downloaded first, so that a new file is checked as a cached one is
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            torch.hub.download_url_to_file(entry.url, str(cache), progress=False)
-        check_declared_sizes(cache, f"the cached weights '{cache}' ({name} {weights})", fix)
-        # weights-only: whatever lies in the cache folder cannot run code when it is read
-        return entry.get_state_dict(progress=False, check_hash=False, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
-        raise cached_weights_error(cache, f"{name} {weights}", e, fix) from None
-    except OSError as e:  # URLError is an OSError: no network, proxy, DNS
-        raise UserError(
-            f"Cannot download weights {name} {weights} from {entry.url} ({e}).",
-            f"download that file on a connected machine and pass it as --model.weights={cache} "
-            "(or any path), or copy it to that place so torchvision finds it.",
+            f"Cannot read weights file '{path}': {str(e).splitlines()[0]}.",
+            "the file is truncated or not a safetensors file; download it again.",
         ) from None

@@ -11,10 +11,13 @@ from typing import Any
 from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import Logger  # room: trackers
 from typing_extensions import override
 
+# room: trackers begin
 from project import trackers
+
+# room: trackers end
 from project.__main__ import COMMANDS, TRAINING
 from project.atomic import remove_partials
 from project.backbones import preprocessing
@@ -35,7 +38,7 @@ from project.callbacks import (
     RunSummary,
     ScalarsLayout,
     Throughput,
-    TrackerArtifacts,
+    TrackerArtifacts,  # room: trackers
     TrainingImages,
 )
 
@@ -125,7 +128,7 @@ BUILT_IN: tuple[type[Callback], ...] = (
     GracefulStop,
     CheckpointPaths,
     ScalarsLayout,
-    TrackerArtifacts,
+    TrackerArtifacts,  # room: trackers
     RunSummary,
 )
 # What the console shows, where the trainer's own flags leave it on (console_callbacks): the model summary
@@ -244,6 +247,7 @@ class ProjectCLI(LightningCLI):
             help="Run name: logs/<name> and checkpoints/<name>. Default: a new time stamp; "
             "with --ckpt_path last, the newest run.",
         )
+        # room: trackers begin
         parser.add_argument(
             "--trackers",
             type=list[Logger] | None,
@@ -251,6 +255,7 @@ class ProjectCLI(LightningCLI):
             help="Experiment trackers logged to beside trainer.logger (TensorBoard): Lightning's loggers, "
             "e.g. --config configs/presets/mlflow.yaml (also wandb.yaml, csv.yaml).",
         )
+        # room: trackers end
         for group, (callback, defaults) in CALLBACKS.items():
             parser.add_lightning_class_args(callback, group)
             parser.set_defaults({f"{group}.{key}": value for key, value in defaults.items()})
@@ -265,9 +270,11 @@ class ProjectCLI(LightningCLI):
         console = console_callbacks(self.subcommand, config)
         self.trainer_defaults["callbacks"] = [*(callback() for callback in BUILT_IN), *console]
         apply_backbone_defaults(config)
+        # room: trackers begin
         if self.subcommand in DRY + FINDERS:
             config.trackers = None
         trackers.require_packages(config.trackers or [])
+        # room: trackers end
         if self.subcommand in DRY:
             config.trainer.logger = False
             return
@@ -312,8 +319,9 @@ class ProjectCLI(LightningCLI):
             # fit's folder their step-0 points would end the fit's series there (TensorBoard drops the
             # later points of a tag whose steps go back) and `report` would draw them as the fit's
             logger.init_args.version = "" if self.subcommand == "fit" else self.subcommand
-        trackers.configure(config.trackers or [], config.name, self.subcommand)
+        trackers.configure(config.trackers or [], config.name, self.subcommand)  # room: trackers
 
+    # room: trackers begin
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The trainer, logging to `trainer.logger` (TensorBoard) and to each of `trackers`."""
@@ -322,6 +330,8 @@ class ProjectCLI(LightningCLI):
             logger = self.config_init[self.subcommand]["trainer"].get("logger")
             kwargs["logger"] = trackers.beside(logger, added)
         return super().instantiate_trainer(**kwargs)
+
+    # room: trackers end
 
 
 def console_callbacks(subcommand: str, config: Any) -> list[Callback]:

@@ -19,36 +19,23 @@ from PIL import Image
 from torch import nn
 
 from project.atomic import atomic_write
-from project.backbones import head_of
+from project.backbones import family_of
 from project.errors import UserError, missing_package
 
 
 def target_layer(net: nn.Module, backbone: str) -> nn.Module:
-    """The last top-level block of `net` with a convolution before the head: resnet's layer4,
-    mobilenet's, efficientnet's and convnext's `features`. For a timm model the last feature stage it
-    declares (`feature_info`), and for a timm vision transformer its last block's first norm (where
-    the class token's gradient still reaches every patch token: after it, only the class token does)."""
-    if hasattr(net, "feature_info"):
-        blocks = getattr(net, "blocks", None)
-        if hasattr(net, "patch_embed") and blocks is not None and hasattr(blocks[-1], "norm1"):
-            return blocks[-1].norm1
-        return net.get_submodule(net.feature_info[-1]["module"])
-    if backbone.startswith(("vit_", "swin_", "maxvit")):
+    """The layer whose activations Grad-CAM weighs: the last block with a spatial feature map, as the
+    backbone's family finds it (resnet's layer4, mobilenet's `features`; a timm model's last feature
+    stage, or its vision transformer's last block's first norm)."""
+    layer = family_of(backbone).feature_stage(net, backbone)
+    if layer is None:
         raise UserError(
-            f"Grad-CAM is not set up for '{backbone}': a transformer's attention maps are not a "
-            "convolution's feature map.",
+            f"Grad-CAM is not set up for '{backbone}': it has no convolutional feature map (a "
+            "transformer's attention maps are not a convolution's feature map).",
             "explain a convolutional backbone (resnet, mobilenet, efficientnet, convnext, regnet), "
             "or leave --explain.dir unset.",
         )
-    head = head_of(net)
-    blocks = [
-        m
-        for m in net.children()
-        if any(isinstance(c, nn.Conv2d) and c is not head for c in m.modules()) and head not in m.modules()
-    ]
-    if not blocks:
-        raise UserError(f"'{backbone}' has no convolutional block to explain.", "use a CNN backbone.")
-    return blocks[-1]
+    return layer
 
 
 def feature_map(net: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:

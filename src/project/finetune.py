@@ -1,9 +1,10 @@
 """Fine-tuning pretrained weights: head-only epochs first, then every layer at a depth-decayed learning rate.
 
-fastai's `fine_tune` and timm's `--layer-decay`. The depth levels of a timm model are its own blocks (timm's
-`group_matcher`: the stem, each block, the head). For every torchvision backbone, without a table per
-family: the backbone's parameters, in the order the network defines them (input to output for every
-torchvision classification model), are cut into `LEVELS` runs of about equal length. The head learns
+fastai's `fine_tune` and timm's `--layer-decay`. The depth levels are the model's own blocks where its
+family declares them (`layer_ids`: timm's `group_matcher`, the stem, each block, the head). Elsewhere
+(every torchvision backbone), without a table per architecture: the backbone's parameters, in the order
+the network defines them (input to output for every torchvision classification model), are cut into
+`LEVELS` runs of about equal length. The head learns
 at the optimizer's learning rate, the level just below it at lr x decay, the next at lr x decay^2, and
 the first layers at lr x decay^(levels - 1).
 """
@@ -12,16 +13,16 @@ from __future__ import annotations
 
 from torch import nn
 
-from project.backbones import head_of
-from project.timm_backbones import layer_ids
+from project.backbones import family_of, head_of
 
 LEVELS = 8
 
 
-def depth_levels(net: nn.Module) -> list[list[nn.Parameter]]:
-    """`net`'s parameters by depth, first layers first, the head's alone in the last level."""
+def depth_levels(net: nn.Module, backbone: str) -> list[list[nn.Parameter]]:
+    """`net`'s (backbone `backbone`'s) parameters by depth, first layers first, the head's alone in the last
+    level."""
     head = {id(p) for p in head_of(net).parameters()}
-    ids = layer_ids(net)
+    ids = family_of(backbone).layer_ids(net)
     if ids is not None:
         last = max(ids.values())
         levels: list[list[nn.Parameter]] = [[] for _ in range(last + 1)]
@@ -37,10 +38,10 @@ def depth_levels(net: nn.Module) -> list[list[nn.Parameter]]:
     return [*levels, [p for p in net.parameters() if id(p) in head]]
 
 
-def depth_groups(net: nn.Module, layer_decay: float) -> list[dict]:
+def depth_groups(net: nn.Module, backbone: str, layer_decay: float) -> list[dict]:
     """Optimizer parameter groups: per depth level (first layers first, head last), the weights, then the
     biases and norm scales (no weight decay), each with `lr_scale`, its factor on the learning rate."""
-    levels = depth_levels(net)
+    levels = depth_levels(net, backbone)
     groups = []
     for depth, level in enumerate(levels):
         scale = layer_decay ** (len(levels) - 1 - depth)

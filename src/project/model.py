@@ -465,9 +465,8 @@ class ImageClassifier(L.LightningModule):
         if self.head_epochs or self.layer_decay != 1.0:
             # every parameter from the start (frozen ones get no gradient, so no step): the param groups
             # stay the same through the phases, and a resumed run's optimizer state fits them
-            optimizer = build_optimizer(
-                self.optimizer, depth_groups(self.net, self.layer_decay), self._clips_mixed()
-            )
+            groups = depth_groups(self.net, self.hparams.backbone, self.layer_decay)
+            optimizer = build_optimizer(self.optimizer, groups, self._clips_mixed())
             for group in optimizer.param_groups:
                 group["lr"] *= group["lr_scale"]
         else:

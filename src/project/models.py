@@ -1,7 +1,7 @@
 """`python -m project models [PATTERN]`: the backbones --model.backbone takes, with their weights.
 
-    python -m project models                  # every torchvision model, then every timm model
-    python -m project models 'timm/convnext*'  # a shell-style pattern; a plain word matches anywhere
+    python -m project models                  # every model of each family (backbones.FAMILIES)
+    python -m project models 'resnet*'        # a shell-style pattern; a plain word matches anywhere
     python -m project models --pretrained mobilenet   # only those with pretrained weights
 
 One line per model: the name to pass, the weights --model.weights takes (DEFAULT first) and the
@@ -13,60 +13,55 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import sys
+from types import ModuleType
 
-from project.errors import CommandParser, UserError, exits_on_user_error, install_hint
+from project.backbones import FAMILIES, family_of
+from project.errors import CommandParser, UserError, exits_on_user_error, user_message
 
 
-def matching(names: list[str], pattern: str | None) -> list[str]:
-    """`names` that match `pattern` (shell-style; a pattern without wildcards matches anywhere)."""
+def matching(names: list[str], pattern: str | None, prefix: str = "") -> list[str]:
+    """`names` that match `pattern` (shell-style; a pattern without wildcards matches anywhere), with or
+    without their family's `prefix`."""
     if not pattern:
         return names
     if not any(c in pattern for c in "*?["):
         pattern = f"*{pattern}*"
     pattern = pattern.lower()
     # timm/resnet1? and resnet1? both find timm/resnet18
-    return [
-        n for n in names if fnmatch.fnmatchcase(n.lower(), pattern) or fnmatch.fnmatchcase(_bare(n), pattern)
-    ]
+    return [n for n in names if fnmatch.fnmatchcase(n.lower(), pattern) or _bare_match(n, prefix, pattern)]
 
 
-def _bare(name: str) -> str:
-    return name.lower().removeprefix("timm/")
+def _bare_match(name: str, prefix: str, pattern: str) -> bool:
+    return fnmatch.fnmatchcase(name.lower().removeprefix(prefix), pattern)
 
 
-def torchvision_rows(pattern: str | None, pretrained: bool) -> list[str]:
-    import torchvision
-
-    from project.backbones import TORCHVISION_PREPROCESSING, classification_models
-
+def family_rows(family: ModuleType, pattern: str | None, pretrained: bool) -> list[str]:
+    """One line per backbone of `family` that matches `pattern`: its name, weights and their preprocessing."""
     rows = []
-    for name in matching(classification_models(), pattern):
-        tags = [t for t in torchvision.models.get_model_weights(name).__members__ if t != "DEFAULT"]
-        if pretrained and not tags:
-            continue
-        rows.append(
-            f"{name}  weights: {', '.join(['DEFAULT', *tags]) if tags else 'none'}  "
-            + _shown(TORCHVISION_PREPROCESSING)
-        )
-    return rows
-
-
-def timm_rows(pattern: str | None, pretrained: bool) -> list[str]:
-    from project import timm_backbones
-
-    timm = timm_backbones.timm_module()
-    with_weights = {n.split(".", 1)[0] for n in timm.list_models(pretrained=True)}
-    rows = []
-    for name in matching(timm_backbones.model_names(), pattern):
-        arch = name.removeprefix(timm_backbones.PREFIX)
-        if arch not in with_weights:
+    for name in matching(family.names(), pattern, family.PREFIX):
+        tags = family.weight_names(name)
+        if not tags:
             if not pretrained:
                 rows.append(f"{name}  weights: none")
             continue
-        tags = timm_backbones.weight_tags(name)
         shown = ", ".join(["DEFAULT", *tags[:4]]) + (f", ... ({len(tags)} tags)" if len(tags) > 4 else "")
-        rows.append(f"{name}  weights: {shown}  {_shown(timm_backbones.pretrained_config(name))}")
+        rows.append(f"{name}  weights: {shown}  {_shown(family.preprocessing(name))}")
     return rows
+
+
+def families() -> list[ModuleType]:
+    """Each family of backbones.FAMILIES, torchvision's first; one whose package is not installed is left
+    out, with a line on stderr saying how to install it."""
+    found = []
+    for prefix in sorted(FAMILIES, key=len):  # torchvision's has no prefix
+        family = family_of(prefix)
+        try:
+            family.names()
+        except UserError as e:
+            print(f"({user_message(e)})", file=sys.stderr)
+            continue
+        found.append(family)
+    return found
 
 
 def _shown(config: dict) -> str:
@@ -82,35 +77,20 @@ def _shown(config: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = CommandParser(
         prog="python -m project models",
-        description="List the backbones --model.backbone takes (torchvision's, and timm's as timm/<name> "
-        "when timm is installed), with the weights --model.weights takes and their preprocessing.",
+        description="List the backbones --model.backbone takes, family by family (torchvision's first), "
+        "with the weights --model.weights takes and their preprocessing.",
     )
-    parser.add_argument(
-        "pattern", nargs="?", help="shell-style pattern (timm/convnext*); a word matches anywhere"
-    )
+    parser.add_argument("pattern", nargs="?", help="shell-style pattern (resnet*); a word matches anywhere")
     parser.add_argument("--pretrained", action="store_true", help="only models with pretrained weights")
     args = parser.parse_args(argv)
-    rows = torchvision_rows(args.pattern, args.pretrained)
-    try:
-        rows += timm_rows(args.pattern, args.pretrained)
-    except UserError:
-        # timm is optional: say so once, after whatever torchvision has
-        hint = install_hint("timm", "timm")
-        print(f"(timm is not installed: {hint} adds timm/<name> backbones)", file=sys.stderr)
+    found = families()
+    rows = [row for family in found for row in family_rows(family, args.pattern, args.pretrained)]
     if not rows:
-        raise UserError(f"No backbone matches '{args.pattern}'.", _hint(args.pattern))
+        raise UserError(f"No backbone matches '{args.pattern}'.", _hint(args.pattern, found))
     print("\n".join(rows))
 
 
-def _hint(pattern: str) -> str:
-    from project.backbones import classification_models
-
-    names = classification_models()
-    try:
-        from project import timm_backbones
-
-        names += timm_backbones.model_names()
-    except UserError:
-        pass
+def _hint(pattern: str, found: list[ModuleType]) -> str:
+    names = [name for family in found for name in family.names()]
     close = difflib.get_close_matches(pattern, names, n=3)
     return f"did you mean {', '.join(close)}?" if close else "run `python -m project models` for every name."

@@ -129,6 +129,27 @@ ROOMS = {
         extras=("openvino",),
     ),
     # room: openvino end
+    # room: timm begin
+    "timm": Room(
+        "timm's models as backbones (`--model.backbone=timm/<name>`), weights from the Hugging Face hub",
+        files=("src/project/timm_backbones.py", "tests/test_timm_backbones.py", "docs/timm.md"),
+        extras=("timm",),
+    ),
+    # room: timm end
+    # room: trackers begin
+    "trackers": Room(
+        "MLflow, W&B and CSV beside TensorBoard (`--config configs/presets/mlflow.yaml`): runs, files, links",
+        files=(
+            "src/project/trackers.py",
+            "src/project/callbacks/trackers.py",
+            "tests/test_trackers.py",
+            "configs/presets/mlflow.yaml",
+            "configs/presets/wandb.yaml",
+            "configs/presets/csv.yaml",
+        ),
+        extras=("trackers",),
+    ),
+    # room: trackers end
 }
 
 # `room: NAME` in a comment marks a line (`room: NAME, OTHER`: a line that goes with either room);

@@ -4,11 +4,21 @@ A name is bytes chosen by whoever made the file: `printf '\e]0;owned\a'` as a cl
 terminal's title when a message printed it, and a newline in a name forged a line of output. Every
 message that can hold a name goes through `printable`, which escapes what repr would (`\x1b`, `\n`,
 `\u202e`, the bytes of a name that is not UTF-8) and leaves all printable text, any script, as it is.
+A URL's `user:password@` is never printed nor written (config.yaml, the trackers): `without_credentials`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+
+# `scheme://user:password@host`: the part before @ is never written anywhere
+_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")
+
+
+def without_credentials(text: str) -> str:
+    """`text` with the `user:password@` of every URL in it removed (`http://u:p@host` -> `http://host`)."""
+    return _CREDENTIALS.sub(r"\g<scheme>", text)
 
 
 def printable(text: str) -> str:

@@ -1,6 +1,8 @@
-"""timm models as backbones (`--model.backbone=timm/<name>`): build, pretrained configs, hub weights.
+"""timm models as backbones (`--model.backbone=timm/<name>`): a family of backbones.FAMILIES.
 
-timm is optional (`pip install -e '.[timm]'`): it is imported only when a `timm/` name is used. Hub
+It builds them, gives their pretrained configs, reads their weights from the Hugging Face hub, and orders
+their layers in depth by timm's own blocks. timm is optional (`pip install -e '.[timm]'`): this module
+is imported only when a `timm/` name is used. Hub
 weights are read as data: the hub's `model.safetensors` (tensors only), or where a model has none its
 `pytorch_model.bin` through torch.load(weights_only=True), so a file planted in the cache runs nothing
 (and, as every torch file the project loads, only after its declared sizes are checked against its length).
@@ -18,16 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from project.backbones import read_safetensors
 from project.checkpoint_io import cached_weights_error, check_declared_sizes
-from project.errors import UserError, install_hint, missing_package
+from project.errors import UserError, missing_package
 
 PREFIX = "timm/"
+LABEL = "timm"
+EXAMPLE = "timm/test_resnet"  # timm's own tiny ResNet, for the family's contract test
 HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # the hub's weights files, data-only first
-
-
-def is_timm(name: str) -> bool:
-    """Whether `name` is a timm backbone (`timm/<architecture>`)."""
-    return name.startswith(PREFIX)
 
 
 def timm_module() -> ModuleType:
@@ -39,12 +39,12 @@ def timm_module() -> ModuleType:
     return timm
 
 
-def model_names() -> list[str]:
+def names() -> list[str]:
     """Every timm architecture as a backbone name (timm/resnet18, timm/convnext_nano, ...)."""
     return [PREFIX + name for name in timm_module().list_models()]
 
 
-def weight_tags(name: str) -> list[str]:
+def weight_names(name: str) -> list[str]:
     """The pretrained weight tags of timm backbone `name` (in12k_ft_in1k, ...), timm's default first."""
     timm = timm_module()
     arch = architecture(name)
@@ -76,11 +76,11 @@ def architecture(name: str) -> str:
     return arch
 
 
-def pretrained_config(name: str, weights: str | None = None) -> dict[str, Any]:
+def preprocessing(name: str, weights: str | None = None) -> dict[str, Any]:
     """The preprocessing timm's pretrained config gives backbone `name` with weights `weights` (a tag;
     DEFAULT, none or a file: timm's default tag): mean, std, input_size, interpolation, crop_pct."""
     arch = architecture(name)
-    tag = weights if weights and weights in weight_tags(name) else None
+    tag = weights if weights and weights in weight_names(name) else None
     cfg = timm_module().models.get_pretrained_cfg(f"{arch}.{tag}" if tag else arch)
     if cfg is None:  # an architecture without any pretrained config: timm's generic defaults
         return {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225), "input_size": 224,
@@ -109,7 +109,7 @@ def build(name: str, num_classes: int, image_size: int | None) -> nn.Module:
             f"Backbone '{name}' cannot be built{f' for {image_size} px images' if image_size else ''}: "
             f"{str(e).splitlines()[0]}.",
             "choose another --data.image_size (the model's pretrained size is "
-            f"{pretrained_config(name)['input_size']} px) or another --model.backbone.",
+            f"{preprocessing(name)['input_size']} px) or another --model.backbone.",
         ) from None
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     if image_size and patch and image_size % patch[0]:
@@ -135,11 +135,11 @@ def adapt_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, t
         return state  # not this layout: load_weights names what does not fit
 
 
-def read_hub(name: str, weights: str) -> tuple[dict[str, torch.Tensor], str]:
+def read_weights(name: str, weights: str) -> dict[str, torch.Tensor]:
     """The state dict of pretrained weights `weights` (DEFAULT or a tag) of `name` from the Hugging Face
-    hub (or its local cache), and a label for messages."""
+    hub (or its local cache)."""
     arch = architecture(name)
-    tags = weight_tags(name)
+    tags = weight_names(name)
     if weights != "DEFAULT" and weights not in tags:
         listed = ", ".join(["DEFAULT", *tags]) if tags else "none (it has no pretrained weights)"
         raise UserError(
@@ -151,7 +151,7 @@ def read_hub(name: str, weights: str) -> tuple[dict[str, torch.Tensor], str]:
             f"Backbone '{name}' has no pretrained weights in timm (--model.weights={weights}).",
             "use --model.weights=none, or a local .safetensors/.pth file.",
         )
-    # tags[0] is timm's default tag: weight_tags puts it first
+    # tags[0] is timm's default tag: weight_names puts it first
     cfg = timm_module().models.get_pretrained_cfg(f"{arch}.{tags[0] if weights == 'DEFAULT' else weights}")
     label = f"{arch}.{cfg.tag}"
     if not cfg.hf_hub_id:
@@ -159,7 +159,7 @@ def read_hub(name: str, weights: str) -> tuple[dict[str, torch.Tensor], str]:
             f"The weights {label} are not on the Hugging Face hub (timm lists {cfg.url or 'no file'}).",
             "download them and pass the file as --model.weights=PATH.",
         )
-    return _download(cfg.hf_hub_id, label), label
+    return _download(cfg.hf_hub_id, label)
 
 
 def _download(repo: str, label: str) -> dict[str, torch.Tensor]:
@@ -196,25 +196,6 @@ def _download(repo: str, label: str) -> dict[str, torch.Tensor]:
     )
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a .safetensors file (a format that holds tensors only), or a UserError naming it."""
-    try:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-    except ImportError:
-        raise UserError(
-            f"Weights file '{path}' is a .safetensors file: reading it needs the safetensors package.",
-            install_hint("timm", "safetensors") + ".",
-        ) from None
-    try:
-        return load_file(path, device="cpu")
-    except (SafetensorError, OSError, ValueError) as e:
-        raise UserError(
-            f"Cannot read weights file '{path}': {str(e).splitlines()[0]}.",
-            "the file is truncated or not a safetensors file; download it again.",
-        ) from None
-
-
 def layer_ids(net: nn.Module) -> dict[str, int] | None:
     """Each parameter's depth in the model's own block structure (timm's `group_matcher`: stem 0, each
     block or stage next, the head last), or None for a model without one."""
@@ -223,3 +204,13 @@ def layer_ids(net: nn.Module) -> dict[str, int] | None:
     from timm.models import group_parameters
 
     return group_parameters(net, net.group_matcher(coarse=False), reverse=True)
+
+
+def feature_stage(net: nn.Module, name: str) -> nn.Module:
+    """The last feature stage the model declares (`feature_info`), or for a vision transformer its last
+    block's first norm (where the class token's gradient still reaches every patch token: after it, only
+    the class token does)."""
+    blocks = getattr(net, "blocks", None)
+    if hasattr(net, "patch_embed") and blocks is not None and hasattr(blocks[-1], "norm1"):
+        return blocks[-1].norm1
+    return net.get_submodule(net.feature_info[-1]["module"])

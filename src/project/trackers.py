@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,6 +19,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.loggers import Logger
 
 from project.errors import missing_package
+from project.terminal import without_credentials
 
 # Lightning's logger class -> the package it needs (in the `trackers` extra)
 PACKAGES = {
@@ -28,15 +28,8 @@ PACKAGES = {
     "lightning.pytorch.loggers.WandbLogger": "wandb",
     "lightning.pytorch.loggers.wandb.WandbLogger": "wandb",
 }
-# `scheme://user:password@host`: the part before @ is never written anywhere
-_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")
 # MLFlowLogger's default experiment (MLFLOW_EXPERIMENT_NAME replaces it, as in MLflow's own API)
 LIGHTNING_EXPERIMENT = "lightning_logs"
-
-
-def without_credentials(text: str) -> str:
-    """`text` with the `user:password@` of every URL in it removed (`http://u:p@host` -> `http://host`)."""
-    return _CREDENTIALS.sub(r"\g<scheme>", text)
 
 
 def require_packages(trackers: Iterable[Namespace]) -> None:

@@ -16,7 +16,11 @@ from project.callbacks.rng_state import RNGState
 from project.callbacks.run_summary import RunSummary
 from project.callbacks.scalars_layout import ScalarsLayout
 from project.callbacks.throughput import Throughput
+
+# room: trackers begin
 from project.callbacks.trackers import TrackerArtifacts
+
+# room: trackers end
 from project.callbacks.training_images import TrainingImages
 
 __all__ = [
@@ -36,6 +40,6 @@ __all__ = [
     "RunSummary",
     "ScalarsLayout",
     "Throughput",
-    "TrackerArtifacts",
+    "TrackerArtifacts",  # room: trackers
     "TrainingImages",
 ]

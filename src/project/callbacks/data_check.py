@@ -13,7 +13,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+# room: trackers begin
 from project.callbacks.trackers import send_text
+
+# room: trackers end
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError
 from project.export.fit_calibration import FEW_IMAGES
@@ -313,7 +316,7 @@ def class_count_table(counts: dict[str, dict[str, int]], rows: int = 20) -> str:
 def log_text(trainer: L.Trainer, tag: str, text: str) -> None:
     """Keep the table with the run: a text entry in TensorBoard (monospace via a Markdown code block), and a
     text file of each tracker's run (MLflow, W&B)."""
-    send_text(trainer, tag, text)
+    send_text(trainer, tag, text)  # room: trackers
     for logger in trainer.loggers:
         if isinstance(logger, TensorBoardLogger) and trainer.is_global_zero:
             logger.experiment.add_text(tag, "```\n" + text + "\n```", global_step=trainer.global_step)

@@ -12,7 +12,11 @@ from typing_extensions import override
 
 from project.callbacks.export import ExportBest
 from project.callbacks.graceful_stop import Interrupted
+
+# room: trackers begin
 from project.callbacks.trackers import links
+
+# room: trackers end
 from project.terminal import printable
 
 
@@ -54,7 +58,7 @@ def summary(trainer: L.Trainer, how: str) -> str:
     lines = [f"Run '{run}' {how} at epoch {trainer.current_epoch}, step {trainer.global_step}."]
     if logs:
         lines.append(f"  logs:         {shown(logs)}/   (TensorBoard events, config.yaml)")
-    lines += [f"  {tracker + ':':<13} {address}" for tracker, address in links(trainer)]
+    lines += [f"  {tracker + ':':<13} {address}" for tracker, address in links(trainer)]  # room: trackers
     lines.append(f"  checkpoints:  {shown(folder)}/")
     if best and checkpoint.best_model_score is not None:
         score = f"{checkpoint.monitor} {float(checkpoint.best_model_score):.4f}"

@@ -1,5 +1,5 @@
-"""LightningCLI's SaveConfigCallback, writing the run's config.yaml atomically (without credentials), and
-giving the experiment trackers the same configuration as flat parameters."""
+"""LightningCLI's SaveConfigCallback, writing the run's config.yaml atomically and without credentials, and
+giving every other logger (the experiment trackers) the same configuration as flat parameters."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.cli import SaveConfigCallback
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import TensorBoardLogger  # room: trackers
 from typing_extensions import override
 
 from project.atomic import atomic_write
-from project.trackers import flat_params, without_credentials
+from project.terminal import without_credentials
+
+# room: trackers begin
+from project.trackers import flat_params
+
+# room: trackers end
 
 
 class AtomicSaveConfig(SaveConfigCallback):
@@ -33,6 +38,7 @@ class AtomicSaveConfig(SaveConfigCallback):
 
     @override
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # room: trackers begin
         trackers = [lg for lg in trainer.loggers if not isinstance(lg, TensorBoardLogger)]
         if trackers and trainer.is_global_zero:
             params = flat_params(self.config)
@@ -41,6 +47,7 @@ class AtomicSaveConfig(SaveConfigCallback):
                 # the flat configuration holds the model's and the data's hyperparameters: Lightning's own
                 # call after setup would log them again under other names (nested, with private keys)
                 logger.log_hyperparams = _logged_already
+        # room: trackers end
         if self._log_dir is None:
             return
         path = Path(self._log_dir) / self.config_filename
@@ -49,5 +56,9 @@ class AtomicSaveConfig(SaveConfigCallback):
         atomic_write(path, text.encode())
 
 
+# room: trackers begin
 def _logged_already(*args: Any, **kwargs: Any) -> None:
     """A tracker's log_hyperparams once the configuration is logged."""
+
+
+# room: trackers end

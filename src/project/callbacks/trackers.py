@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from project.callbacks.export import ExportBest
 from project.errors import UserError
-from project.trackers import without_credentials
+from project.terminal import without_credentials
 
 
 class TrackerArtifacts(Callback):
