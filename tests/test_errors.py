@@ -34,7 +34,7 @@ MISTAKES = {
     "report": ["missing-run"],
     "doctor": ["--workers", "-1"],  # room: doctor
     "models": ["no-such-backbone-anywhere"],
-    "optimize": ["--output=out", "--max_side=0"],
+    "optimize": ["--output=out", "--max_side=0"],  # room: shards
 }
 
 SWEEP_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "sweeps" / "lr_wd.yaml")  # room: sweep
@@ -58,7 +58,7 @@ COMMAND_LINES = {
     "report": [],
     "doctor": ["--workers", "abc"],  # room: doctor
     "models": ["resnet*", "extra"],
-    "optimize": ["--output=out", "--workers=abc"],
+    "optimize": ["--output=out", "--workers=abc"],  # room: shards
 }
 
 # Runs `python -m project COMMAND ARGS...` for each command in one interpreter (torch is imported once, not
@@ -143,7 +143,7 @@ EXTRA_COMMAND_LINES = {
     "serve": ["--model", "model.onnx"],  # room: serve
     "sweep": ["--config", SWEEP_CONFIG],  # room: sweep
     "audit": ["--help"],  # room: audit
-    "optimize": ["--output=out"],
+    "optimize": ["--output=out"],  # room: shards
 }
 
 

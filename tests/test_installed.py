@@ -208,10 +208,10 @@ EXTRA_MODULES = {
     "openvino": "openvino",  # room: openvino
     "timm": "timm",  # room: timm
     "huggingface_hub": "huggingface_hub",  # room: timm
-    "litdata": "litdata",
-    "boto3": "boto3",
-    "mlflow-skinny": "mlflow",
-    "wandb": "wandb",
+    "litdata": "litdata",  # room: shards
+    "boto3": "boto3",  # room: shards
+    "mlflow-skinny": "mlflow",  # room: trackers
+    "wandb": "wandb",  # room: trackers
 }
 
 

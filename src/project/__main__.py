@@ -34,7 +34,9 @@ COMMANDS = {
     "audit": ("project.audit.command", "wrong labels, duplicates, leaks", "audit"),
     # room: audit end
     "models": ("project.models", "the backbones --model.backbone takes", None),
+    # room: shards begin
     "optimize": ("project.optimize", "a data set as LitData shards, local or in a bucket", "shards"),
+    # room: shards end
 }
 
 

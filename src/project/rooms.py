@@ -150,6 +150,23 @@ ROOMS = {
         extras=("trackers",),
     ),
     # room: trackers end
+    # room: shards begin
+    "shards": Room(
+        "`optimize`: a data set as LitData shards, streamed by fit from a folder or a bucket (s3://)",
+        files=(
+            "src/project/optimize.py",
+            "src/project/data/shards.py",
+            "src/project/data/shard_checks.py",
+            "src/project/data/streaming.py",
+            "tests/test_shards*.py",
+            "tests/shard_files.py",
+            "docs/shards.md",
+            "bench/shard*.py",
+        ),
+        extras=("shards",),
+        commands=("optimize",),
+    ),
+    # room: shards end
 }
 
 # `room: NAME` in a comment marks a line (`room: NAME, OTHER`: a line that goes with either room);

@@ -27,8 +27,8 @@ class AuditDataModule(ImageDataModule):
 
     @cached_property
     def splits(self) -> dict[str, ImageIndex]:
-        if self._shards_root is not None:
-            self._extract_shards()
+        if self._streamed is not None:
+            self._extract_streamed()
         if self.val_split is not None:
             return ImageDataModule.splits.func(self)  # split as fit would split it
         # a layout that fit would need --data.val_split for is audited as it is
@@ -37,19 +37,21 @@ class AuditDataModule(ImageDataModule):
         self._check_num_classes(next(iter(splits.values())).class_names)
         return splits
 
-    def _extract_shards(self) -> None:
-        """Shards are audited from their images, written once to a temporary folder that is then the root."""
+    def _extract_streamed(self) -> None:
+        """Streamed data (shards) is audited from its images, written once to a temporary folder that is then
+        the root."""
         source = self.source
         if is_multilabel(source):
             raise UserError(
-                f"audit reads multi-label data from a labels CSV; '{source.where}' holds multi-label shards.",
-                f"audit the images and CSV they were made from ({source.record.source or 'their folder'}).",
+                f"audit reads multi-label data from a labels CSV; '{source.where}' holds multi-label "
+                f"{self._streamed.KIND}.",
+                f"audit the images and CSV they were made from ({source.made_from}).",
             )
         self._extracted = tempfile.TemporaryDirectory(prefix="audit-shards-")  # removed with this object
         folder = Path(self._extracted.name)
         print(f"Writing the images of '{source.where}' to '{folder}' for the audit (removed at its end)...")
         source.extract(folder)
-        self.root, self._shards_root = folder, None
+        self.root, self._streamed, self._streamed_root = folder, None, None
         del self.source  # the files' source from now on
 
     def close(self) -> None:

@@ -44,9 +44,8 @@ from project.data.labels_csv import csv_splits
 from project.data.multishapes import generate_multishapes
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.data.shapes import generate_shapes
-from project.data.shards import has_index, litdata
 from project.data.skipped import SkipLog
-from project.data.source import DataSource, FileSource
+from project.data.source import DataSource, FileSource, streamed_format
 from project.data.transforms import (
     MODES,
     AutoAugment,
@@ -112,20 +111,6 @@ def check_data_options(
         require(0 <= num_workers <= most, "data.num_workers", num_workers, expected)
     if prefetch_factor is not None:
         positive_int("data.prefetch_factor", prefetch_factor)
-
-
-def check_shard_options(cache: bool | str, balance: str) -> None:
-    """Options that need the whole split in this process's hands: not for streamed shards."""
-    if cache is True:
-        raise UserError(
-            "--data.cache=true: shards are streamed, not decoded into memory up front.",
-            "remove --data.cache (LitData keeps the chunks it reads on local disk).",
-        )
-    if balance == "sampler":
-        raise UserError(
-            "--data.balance=sampler draws images by index, which streamed shards do not allow.",
-            "use --data.balance=loss (class weights from the counts in the shard index).",
-        )
 
 
 def check_recipe_options(
@@ -260,12 +245,11 @@ class ImageDataModule(L.LightningDataModule):
         else:
             self.root = Path(root) if root is not None else EMBEDDED_ROOT
         self.embedded = root is None and labels_csv is None
-        # shards made by `optimize` (data/shards.py): a folder with shards.json, or an s3:// URL
-        self._shards_root: str | None = (
-            str(root) if root is not None and labels_csv is None and has_index(root) else None
-        )
-        if self._shards_root is not None:
-            check_shard_options(cache, balance)
+        # data in a streamed format (data/source.py's STREAMED, e.g. shards: a folder or an s3:// URL)
+        self._streamed = streamed_format(root) if root is not None and labels_csv is None else None
+        self._streamed_root = str(root) if self._streamed is not None else None
+        if self._streamed is not None:
+            self._streamed.check_options(cache, balance)
         self.val_split = val_split
         self.split_seed = split_seed
         self.expected_num_classes = num_classes
@@ -314,12 +298,12 @@ class ImageDataModule(L.LightningDataModule):
         """The splits as the data format stores them, `hold` giving one without val its split; the demo
         data sets are generated on first use. Each data format is one function returning the splits
         (docs/new-task.md, "Another data format")."""
-        if self._shards_root is not None:
-            made_from = self.source.record.source or "the image folder they were made from"
+        if self._streamed is not None:
+            kind = self._streamed.KIND
             raise UserError(
-                f"--data.root '{self._shards_root}' holds shards: fit, validate, test and export read them, "
-                "this command reads image files (folders or a labels CSV).",
-                f"point --data.root at the images the shards were made from ({made_from}).",
+                f"--data.root '{self._streamed_root}' holds {kind}: fit, validate, test and export read "
+                "them, this command reads image files (folders or a labels CSV).",
+                f"point --data.root at the images the {kind} were made from ({self.source.made_from}).",
             )
         if self.embedded:
             shapes = "the embedded shapes data set (6 classes, 4,800 train and 600 val images)"
@@ -351,24 +335,21 @@ class ImageDataModule(L.LightningDataModule):
 
     @cached_property
     def source(self) -> DataSource:
-        """The data format's answers (data/source.py): LitData shards, or image files split by a format."""
-        if self._shards_root is not None:
-            litdata()  # installed, or one line saying how
-            from project.data.streaming import ShardSource
-
-            shards = ShardSource(self._shards_root)
-            self._check_num_classes(shards.class_names)
-            return shards
+        """The data format's answers (data/source.py): a streamed format's, or image files split by one."""
+        if self._streamed is not None:
+            streamed = self._streamed.source(self._streamed_root)
+            self._check_num_classes(streamed.class_names)
+            return streamed
         return FileSource(self.splits, self.task, str(self.labels_csv or self.root), self.decoded)
 
     @property
     def _where(self) -> str:
         """The data as given, for messages (an s3:// URL kept whole: a Path would fold its '//')."""
-        return self._shards_root or str(self.root)
+        return self._streamed_root or str(self.root)
 
     def source_here(self) -> DataSource:
         """The source when its data is on this machine (or in a bucket); ValueError saying why not."""
-        if self._shards_root is None and not self.root.is_dir():
+        if self._streamed is None and not self.root.is_dir():
             raise ValueError(f"the data folder '{self.root}' is not on this machine")
         return self.source
 
@@ -379,8 +360,8 @@ class ImageDataModule(L.LightningDataModule):
     @property
     def task(self) -> str:
         """multiclass (one class folder per image) or multilabel (labels from a CSV); linked to the model."""
-        if self._shards_root is not None:
-            return self.source.task  # shards.json's
+        if self._streamed is not None:
+            return self.source.task  # the format's own record of it
         return "multilabel" if self.labels_csv is not None else "multiclass"
 
     @property
@@ -403,8 +384,8 @@ class ImageDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.skip_bad_images and self.trainer is not None and self.trainer.log_dir is not None:
             self.skip_log = SkipLog(Path(self.trainer.log_dir))
-        if self._shards_root is not None and stage != "predict":  # predict reads files: no bucket needed
-            self._setup_shards(stage)
+        if self._streamed is not None and stage != "predict":  # predict reads files: no bucket needed
+            self._setup_streamed(stage)
             return
         if stage == "fit":
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
@@ -425,8 +406,8 @@ class ImageDataModule(L.LightningDataModule):
         elif stage == "predict":
             self.datasets["predict"] = self._predict_dataset()
 
-    def _setup_shards(self, stage: str) -> None:
-        """The shards' splits as streaming data sets, with the same transforms as image files."""
+    def _setup_streamed(self, stage: str) -> None:
+        """A streamed format's splits as its own data sets, with the same transforms as image files."""
         self._check_model_classes()
         source = self.source
 
@@ -582,7 +563,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset, train: bool = False) -> DataLoader:
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        if isinstance(dataset, IterableDataset):  # the shards (predict reads files)
+        if isinstance(dataset, IterableDataset):  # a streamed format's (predict reads files)
             return self.source.loader(
                 dataset,
                 self.batch_size,

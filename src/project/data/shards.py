@@ -83,6 +83,36 @@ def s3_problem(url: str, error: Exception) -> UserError:
     )
 
 
+KIND = "shards"
+
+
+def holds(root: str | Path) -> bool:
+    """Whether `root` holds shards (source.STREAMED's question): a folder with shards.json, or a URL."""
+    return has_index(root)
+
+
+def check_options(cache: bool | str, balance: str) -> None:
+    """Options that need the whole split in this process's hands: not for streamed shards."""
+    if cache is True:
+        raise UserError(
+            "--data.cache=true: shards are streamed, not decoded into memory up front.",
+            "remove --data.cache (LitData keeps the chunks it reads on local disk).",
+        )
+    if balance == "sampler":
+        raise UserError(
+            "--data.balance=sampler draws images by index, which streamed shards do not allow.",
+            "use --data.balance=loss (class weights from the counts in the shard index).",
+        )
+
+
+def source(root: str | Path) -> Any:
+    """The shards at `root` as the data module's source (data/streaming.py's ShardSource)."""
+    litdata()  # installed, or one line saying how
+    from project.data.streaming import ShardSource
+
+    return ShardSource(str(root))
+
+
 def has_index(root: str | Path) -> bool:
     """Whether `root` is a shards folder or URL (it has shards.json); a folder of images is not."""
     if is_url(root):

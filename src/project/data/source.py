@@ -1,8 +1,9 @@
 """A data source: what the data module, the data check and the export ask of a data format.
 
-Image folders and the labels CSV are a FileSource over their splits (data/index.py's `Splits`); LitData
-shards are a ShardSource (data/streaming.py). Code outside the data module asks `datamodule.source`
-and never which format it is:
+Image folders and the labels CSV are a FileSource over their splits (data/index.py's `Splits`), the
+default. A format whose data is streamed is a row of STREAMED (LitData shards, for one), and its
+source a StreamedSource. Code outside the data module asks `datamodule.source` and never which format
+it is:
 
     source.where                  the folder, CSV or URL, for messages
     source.task                   multiclass or multilabel
@@ -18,21 +19,45 @@ and never which format it is:
     source.image_sizes(split, n)  (width, height) of up to n samples, from their headers
 
 Training and evaluation data sets and loaders are the data module's for files (caching, batched
-augmentation, the balanced sampler) and the source's own for shards (`dataset`, `loader`).
+augmentation, the balanced sampler) and a streamed source's own (`dataset`, `loader`).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from project.data.cache import DecodedImages
 from project.data.dataset import ImageDataset
 from project.data.index import Splits
+
+# The formats whose data is streamed rather than read as image files, each a module asked in turn whether
+# --data.root is its own. A format module gives:
+#   KIND: what its data is called in messages ("shards")
+#   holds(root) -> bool: whether root (a folder or a URL) is in this format, without its packages
+#   check_options(cache, balance): a UserError for a data option its streaming cannot honour
+#   source(root) -> StreamedSource (its packages imported then, or one line saying which extra)
+STREAMED = (
+    # room: shards begin
+    "project.data.shards",
+    # room: shards end
+)
+
+
+def streamed_format(root: str | Path) -> ModuleType | None:
+    """The STREAMED format module whose data `root` holds, or None for image files."""
+    for name in STREAMED:
+        module = importlib.import_module(name)
+        if module.holds(root):
+            return module
+    return None
 
 
 def data_at_hand(datamodule: object) -> DataSource:
@@ -68,6 +93,22 @@ class DataSource(Protocol):
     def samples(self, split: str, count: int, transform: Callable, skip_bad_images: bool) -> Dataset: ...
 
     def image_sizes(self, split: str, count: int) -> list[tuple[int, int]]: ...
+
+
+class StreamedSource(DataSource, Protocol):
+    """A streamed format's data: the DataSource questions, and its own data sets and loaders."""
+
+    made_from: str  # what the data was made from (a folder or CSV), for messages that point the user there
+
+    def dataset(
+        self, split: str, transform: Callable, shuffle: bool, seed: int, skip_bad_images: bool
+    ) -> IterableDataset: ...
+
+    def loader(
+        self, dataset: IterableDataset, batch_size: int, train: bool, **options: Any
+    ) -> DataLoader: ...
+
+    def extract(self, folder: Path) -> None: ...  # its images as class folders under `folder` (the audit)
 
 
 class FileSource:
