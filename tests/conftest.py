@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING  # room: api
 
 import pytest
 import setuptools  # noqa: F401  (before anything imports distutils: torch.compile's build needs setuptools' own)
@@ -23,8 +23,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(name, "1")
     torch.set_num_threads(1)
 
+# room: api begin
 if TYPE_CHECKING:
     from project.api import Run
+
+# room: api end
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +53,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return work
 
 
+# room: api begin
 @pytest.fixture(scope="session")
 def fitted_run(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Run:
     """One tiny fit through the Python API (resnet18, 32 px, 1 epoch) with its end-of-fit ONNX export,
@@ -65,3 +69,6 @@ def fitted_run(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> R
         return api.fit(*fast_args(shapes_root), "--export_best.enabled=true", "--name=fitted")
     finally:
         os.chdir(saved)
+
+
+# room: api end

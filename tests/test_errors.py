@@ -30,7 +30,7 @@ MISTAKES = {
     "sweep": ["--config", "missing.yaml"],  # room: sweep
     "infer": ["image.jpg", "--model", "model.onnx", "--top_k", "0"],
     "serve": ["--model", "model.onnx", "--max_batch_size=0"],  # room: serve
-    "new": ["elsewhere", "--name", "1bad"],
+    "new": ["elsewhere", "--name", "1bad"],  # room: new
     "report": ["missing-run"],
     "doctor": ["--workers", "-1"],  # room: doctor
     "models": ["no-such-backbone-anywhere"],
@@ -54,7 +54,7 @@ COMMAND_LINES = {
     "sweep": ["--config", SWEEP_CONFIG, "--data.batch_size=abc"],  # room: sweep
     "infer": ["image.jpg", "--model", "model.onnx", "--top_k", "abc"],
     "serve": ["--model", "model.onnx", "--port", "abc"],  # room: serve
-    "new": ["elsewhere"],
+    "new": ["elsewhere"],  # room: new
     "report": [],
     "doctor": ["--workers", "abc"],  # room: doctor
     "models": ["resnet*", "extra"],
@@ -147,30 +147,43 @@ EXTRA_COMMAND_LINES = {
 }
 
 
-@pytest.mark.parametrize("command", [name for name, (_, _, extra) in COMMANDS.items() if extra])
-def test_a_command_whose_extra_is_missing_names_the_extra_in_one_line(tmp_path: Path, command: str) -> None:
-    """With the extra's packages unimportable (as uninstalled), the command says which extra to install."""
+def test_a_missing_package_of_a_commands_extra_is_one_error_naming_the_extra() -> None:
+    """__main__'s one rule for every command with an extra (COMMANDS' third column)."""
+    from project.__main__ import _without_extra
+
+    missing = ModuleNotFoundError("No module named 'nonexistent_pkg'", name="nonexistent_pkg")
+    error = _without_extra("pictures", "pictures", missing)
+    assert error is not None and str(error) == (
+        "`pictures` needs the `nonexistent_pkg` package, which is not installed. "
+        "Fix: pip install -e '.[pictures]' (or pip install nonexistent_pkg)."
+    )
+    assert _without_extra("infer", None, missing) is None  # a command without an extra: a real bug
+    broken = ModuleNotFoundError("No module named 'numpy.linalg'", name="numpy.linalg")
+    assert _without_extra("pictures", "pictures", broken) is None  # installed but broken: not "install"
+
+
+def test_each_command_whose_extra_is_missing_names_the_extra_in_one_line(tmp_path: Path) -> None:
+    """With the extra's packages unimportable (as uninstalled), each command says which extra to install."""
     import tomllib
 
-    extra = COMMANDS[command][2]
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    packages = [re.split(r"[<>=!~;\[ ]", r)[0] for r in pyproject["project"]["optional-dependencies"][extra]]
-    modules = [module_of(p) for p in packages]
-    script = (
-        "import sys\n"
-        f"for name in {modules!r}: sys.modules[name] = None\n"
-        "from project.__main__ import main\n"
-        "sys.argv = ['project', *sys.argv[1:]]\n"
-        "main()\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, command, *EXTRA_COMMAND_LINES[command]],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    assert_one_error_line({"status": done.returncode, "output": done.stdout + done.stderr})
-    assert re.search(rf"needs the .* not installed\. Fix: pip install -e '\.\[{extra}\]'", done.stderr)
+    optional = pyproject["project"]["optional-dependencies"]
+    assert {name for name, (_, _, extra) in COMMANDS.items() if extra} == set(EXTRA_COMMAND_LINES)
+    for command, arguments in EXTRA_COMMAND_LINES.items():
+        extra = COMMANDS[command][2]
+        modules = [module_of(re.split(r"[<>=!~;\[ ]", r)[0]) for r in optional[extra]]
+        script = (
+            "import sys\n"
+            f"for name in {modules!r}: sys.modules[name] = None\n"
+            "from project.__main__ import main\n"
+            "sys.argv = ['project', *sys.argv[1:]]\n"
+            "main()\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, command, *arguments], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert_one_error_line({"status": done.returncode, "output": done.stdout + done.stderr})
+        assert re.search(rf"needs the .* not installed\. Fix: pip install -e '\.\[{extra}\]'", done.stderr)
 
 
 def assert_one_error_line(outcome: dict) -> None:

@@ -153,6 +153,7 @@ def tree(root: Path) -> dict[str, bytes | str]:
     return found
 
 
+# room: new begin
 @pytest.fixture(scope="module")
 def checkout_clone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes | str]:
     """What `new` makes from this checkout: the installed package must make the same."""
@@ -179,6 +180,7 @@ def test_new_from_the_installed_package_makes_the_checkout_clone(
     assert os.readlink(dest / "src" / "leafnet" / "configs") == "../../configs"
 
 
+# room: new end
 def test_the_readme_preset_paths_work_from_another_folder(installed: Path, elsewhere: Path) -> None:
     """`--config configs/presets/debug.yaml` as the README writes it: the package's own configs/."""
     done = run(

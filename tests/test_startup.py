@@ -6,7 +6,14 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("command", ["infer", "report", "new"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "infer",
+        "report",
+        "new",  # room: new
+    ],
+)
 def test_torch_free_commands_import_neither_torch_nor_lightning(command: str) -> None:
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "project", command, "--help"],

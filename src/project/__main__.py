@@ -26,7 +26,9 @@ COMMANDS = {
     # room: doctor begin
     "doctor": ("project.doctor", "check this machine", None),
     # room: doctor end
+    # room: new begin
     "new": ("project.new", "start a task from this template", None),
+    # room: new end
     # room: sweep begin
     "sweep": ("project.sweep.command", "a hyperparameter search over these options", "sweep"),
     # room: sweep end

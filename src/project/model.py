@@ -107,8 +107,11 @@ def check_pixel_values(images: torch.Tensor) -> None:
         f"ImageClassifier takes RGB images [N, 3, H, W] with values 0-255 (uint8; it normalizes them "
         f"itself), but got a float tensor with values from {low:.3g} to {high:.3g}"
         f"{' (the 0-1 scale of ToTensor)' if high <= 1 and low >= 0 else ' (already normalized?)'}. "
-        "Pass uint8 images: (images * 255).round().to(torch.uint8) for 0-1 floats, without "
-        "Normalize; or predict files, PIL images and numpy arrays with project.api.load(CKPT).predict."
+        "Pass uint8 images: (images * 255).round().to(torch.uint8) for 0-1 floats, without Normalize"
+        # room: api begin
+        "; or predict files, PIL images and numpy arrays with project.api.load(CKPT).predict"
+        # room: api end
+        "."
     )
 
 

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from project.errors import CommandParser, UserError, exits_on_user_error
-from project.rooms import ROOMS, room_of, without
+from project.rooms import ROOMS, Room, rooms_of, with_dependents, without
 from project.terminal import printable
 
 # The package being copied: the old name in the copy, whatever this package is called today.
@@ -271,7 +271,8 @@ def is_checkout(root: Path, package: str = PACKAGE) -> bool:
 
 
 def left_out_rooms(value: str) -> frozenset[str]:
-    """The rooms named by --without: a comma-separated list of ROOMS' names, or `all`."""
+    """The rooms named by --without (a comma-separated list of ROOMS' names, or `all`), and those that need
+    one of them."""
     names = {part.strip() for part in value.split(",") if part.strip()}
     if "all" in names:
         return frozenset(ROOMS)
@@ -283,7 +284,7 @@ def left_out_rooms(value: str) -> frozenset[str]:
             f"pass rooms separated by commas (e.g. --without {','.join(list(ROOMS)[:2])}), or --without all "
             "for the core alone; `new --help` says what each holds.",
         )
-    return frozenset(names)
+    return with_dependents(names)
 
 
 def marked_out(text: str, left_out: AbstractSet[str], rel: str) -> str:
@@ -331,7 +332,7 @@ def _create(dest: Path, name: str, root: Path, old: str, left_out: frozenset[str
             f"The template's sources are not at '{root}' (no pyproject.toml or src/{old}/).",
             "pass the root of a checkout of the template.",
         )
-    files = [rel for rel in template_files(root) if room_of(as_ours(rel, old)) not in left_out]
+    files = [rel for rel in template_files(root) if not rooms_of(as_ours(rel, old)) & left_out]
     rules = renamer(old, name)
     dest.parent.mkdir(parents=True, exist_ok=True)
     # a prefix short enough for the file system's limit on a name, whatever DEST's length
@@ -474,13 +475,18 @@ def _git_commit(folder: Path, name: str) -> str | None:
     return run("rev-parse", "--short", "HEAD")
 
 
+def _goes_without(room: Room) -> str:
+    return f" (goes without {', '.join(room.needs)})" if room.needs else ""
+
+
 @exits_on_user_error
 def main(argv: Sequence[str] | None = None) -> None:
-    rooms = "\n".join(f"  {name:<8} {room.summary}" for name, room in ROOMS.items())
+    width = max(map(len, [*ROOMS, "all"]))
+    rooms = "\n".join(f"  {n:<{width}} {room.summary}{_goes_without(room)}" for n, room in ROOMS.items())
     parser = CommandParser(
         prog=f"python -m {PACKAGE} new",
         description=__doc__.split("\n\n")[0],
-        epilog=f"optional rooms (--without):\n{rooms}\n  all      every room: the core alone",
+        epilog=f"optional rooms (--without):\n{rooms}\n  {'all':<{width}} every room: the core alone",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dest", type=Path, help="folder to create (must not exist, or be empty)")

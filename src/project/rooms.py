@@ -1,9 +1,10 @@
 """The optional rooms of the template: parts a new task can leave out whole (`new DEST --without ROOM`).
 
-A room owns its files (source, tests, docs, benchmarks, configs: glob patterns from the checkout's root),
-the extras of pyproject.toml its packages come from, and its commands (their rows in __main__.COMMANDS
-or __main__.TRAINING). Whatever belongs to no room is the core: fit, validate, test, predict, export,
-infer, report and the callbacks that guard a run.
+A room owns its files (source, tests, docs, benchmarks, configs: glob patterns from the checkout's root;
+a file of two rooms goes with either), the extras of pyproject.toml its packages come from, and its
+commands (their rows in __main__.COMMANDS or __main__.TRAINING). A room that uses another `needs` it,
+and goes with it. Whatever belongs to no room is the core: fit, validate, test, predict, the ONNX and
+`.pt2` export, infer, report and the callbacks that guard a run.
 
 Lines that belong to a room inside a shared file (a README row, a dispatch row, a test's row, an extra)
 carry a marker in that file's comment syntax, and go with the room:
@@ -33,6 +34,7 @@ class Room:
     files: tuple[str, ...]  # glob patterns (fnmatch, from the checkout's root; `*` crosses folders)
     extras: tuple[str, ...] = ()  # pyproject.toml's optional-dependencies that only this room uses
     commands: tuple[str, ...] = ()  # rows of __main__.COMMANDS or __main__.TRAINING
+    needs: tuple[str, ...] = ()  # rooms whose code this one uses: leaving one of them out leaves this one out
 
     def owns(self, path: str) -> bool:
         """Whether `path` (relative to the checkout's root, with /) is one of this room's files."""
@@ -96,10 +98,17 @@ ROOMS = {
         extras=("explain",),
     ),
     # room: explain end
+    # room: api begin
+    "api": Room(
+        "the Python API (`project.api`): fit, show_batch, report and predict from Python, as the commands do",
+        files=("src/project/api.py", "tests/test_api.py", "docs/python.md"),
+    ),
+    # room: api end
     # room: notebooks begin
     "notebooks": Room(
         "two Jupyter notebooks on the Python API (a quickstart, your own images), run by the tests",
         files=("notebooks/*", "src/project/template/notebooks", "tests/test_notebooks.py"),
+        needs=("api",),
     ),
     # room: notebooks end
     # room: tuning begin
@@ -167,6 +176,19 @@ ROOMS = {
         commands=("optimize",),
     ),
     # room: shards end
+    # room: new begin
+    "new": Room(
+        "`new` itself: making copies like this one (a task made from the template needs it no more)",
+        files=(
+            "src/project/new.py",
+            "src/project/rooms.py",
+            "src/project/template/*",
+            "tests/test_new.py",
+            "tests/test_rooms.py",
+        ),
+        commands=("new",),
+    ),
+    # room: new end
 }
 
 # `room: NAME` in a comment marks a line (`room: NAME, OTHER`: a line that goes with either room);
@@ -174,9 +196,17 @@ ROOMS = {
 MARKER = re.compile(r"(?:#|<!--)\s*room:\s*(?P<name>[a-z_]+(?:,\s*[a-z_]+)*)(?:\s+(?P<edge>begin|end))?\b")
 
 
-def room_of(path: str) -> str | None:
-    """The room a file belongs to, or None for the core."""
-    return next((name for name, room in ROOMS.items() if room.owns(path)), None)
+def rooms_of(path: str) -> frozenset[str]:
+    """The rooms a file belongs to (it goes with any of them); none for the core."""
+    return frozenset(name for name, room in ROOMS.items() if room.owns(path))
+
+
+def with_dependents(left_out: AbstractSet[str]) -> frozenset[str]:
+    """`left_out` and every room that needs one of them, directly or through another."""
+    gone = set(left_out)
+    while dependents := {name for name, room in ROOMS.items() if set(room.needs) & gone} - gone:
+        gone |= dependents
+    return frozenset(gone)
 
 
 def marked_rooms(found: re.Match[str]) -> list[str]:

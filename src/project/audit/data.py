@@ -16,6 +16,7 @@ import numpy as np
 
 from project.data.datamodule import ImageDataModule
 from project.data.index import ImageIndex
+from project.data.source import format_module
 from project.errors import UserError
 from project.model import is_multilabel
 
@@ -44,7 +45,7 @@ class AuditDataModule(ImageDataModule):
         if is_multilabel(source):
             raise UserError(
                 f"audit reads multi-label data from a labels CSV; '{source.where}' holds multi-label "
-                f"{self._streamed.KIND}.",
+                f"{format_module(self._streamed).KIND}.",
                 f"audit the images and CSV they were made from ({source.made_from}).",
             )
         self._extracted = tempfile.TemporaryDirectory(prefix="audit-shards-")  # removed with this object

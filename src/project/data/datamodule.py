@@ -45,7 +45,7 @@ from project.data.multishapes import generate_multishapes
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.data.shapes import generate_shapes
 from project.data.skipped import SkipLog
-from project.data.source import DataSource, FileSource, streamed_format
+from project.data.source import DataSource, FileSource, format_module, streamed_format
 from project.data.transforms import (
     MODES,
     AutoAugment,
@@ -249,7 +249,7 @@ class ImageDataModule(L.LightningDataModule):
         self._streamed = streamed_format(root) if root is not None and labels_csv is None else None
         self._streamed_root = str(root) if self._streamed is not None else None
         if self._streamed is not None:
-            self._streamed.check_options(cache, balance)
+            format_module(self._streamed).check_options(cache, balance)
         self.val_split = val_split
         self.split_seed = split_seed
         self.expected_num_classes = num_classes
@@ -299,7 +299,7 @@ class ImageDataModule(L.LightningDataModule):
         data sets are generated on first use. Each data format is one function returning the splits
         (docs/new-task.md, "Another data format")."""
         if self._streamed is not None:
-            kind = self._streamed.KIND
+            kind = format_module(self._streamed).KIND
             raise UserError(
                 f"--data.root '{self._streamed_root}' holds {kind}: fit, validate, test and export read "
                 "them, this command reads image files (folders or a labels CSV).",
@@ -337,7 +337,7 @@ class ImageDataModule(L.LightningDataModule):
     def source(self) -> DataSource:
         """The data format's answers (data/source.py): a streamed format's, or image files split by one."""
         if self._streamed is not None:
-            streamed = self._streamed.source(self._streamed_root)
+            streamed = format_module(self._streamed).source(self._streamed_root)
             self._check_num_classes(streamed.class_names)
             return streamed
         return FileSource(self.splits, self.task, str(self.labels_csv or self.root), self.decoded)

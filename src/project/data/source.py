@@ -51,13 +51,15 @@ STREAMED = (
 )
 
 
-def streamed_format(root: str | Path) -> ModuleType | None:
-    """The STREAMED format module whose data `root` holds, or None for image files."""
-    for name in STREAMED:
-        module = importlib.import_module(name)
-        if module.holds(root):
-            return module
-    return None
+def streamed_format(root: str | Path) -> str | None:
+    """The STREAMED format whose data `root` holds (its module's name: a data module that keeps it is
+    pickled for DDP's processes), or None for image files."""
+    return next((name for name in STREAMED if format_module(name).holds(root)), None)
+
+
+def format_module(name: str) -> ModuleType:
+    """The module of STREAMED format `name`."""
+    return importlib.import_module(name)
 
 
 def data_at_hand(datamodule: object) -> DataSource:
