@@ -31,7 +31,7 @@ MISTAKES = {
     "infer": ["image.jpg", "--model", "model.onnx", "--top_k", "0"],
     "serve": ["--model", "model.onnx", "--max_batch_size=0"],  # room: serve
     "new": ["elsewhere", "--name", "1bad"],  # room: new
-    "report": ["missing-run"],
+    "report": ["missing-run"],  # room: report
     "doctor": ["--workers", "-1"],  # room: doctor
     "models": ["no-such-backbone-anywhere"],
     "optimize": ["--output=out", "--max_side=0"],  # room: shards
@@ -55,7 +55,7 @@ COMMAND_LINES = {
     "infer": ["image.jpg", "--model", "model.onnx", "--top_k", "abc"],
     "serve": ["--model", "model.onnx", "--port", "abc"],  # room: serve
     "new": ["elsewhere"],  # room: new
-    "report": [],
+    "report": [],  # room: report
     "doctor": ["--workers", "abc"],  # room: doctor
     "models": ["resnet*", "extra"],
     "optimize": ["--output=out", "--workers=abc"],  # room: shards
@@ -214,11 +214,11 @@ def assert_one_error_line(outcome: dict) -> None:
         ),
         (
             "unrecognized arguments: --worker 3",
-            "python -m project report does not take --worker 3. Fix: did you mean --workers?",
+            "python -m project infer does not take --worker 3. Fix: did you mean --workers?",
         ),
         (
             "the following arguments are required: --folders",
-            "Missing from the command line: --folders (needed by python -m project report). "
+            "Missing from the command line: --folders (needed by python -m project infer). "
             "Fix: pass --folders",
         ),
         (
@@ -228,7 +228,7 @@ def assert_one_error_line(outcome: dict) -> None:
     ],
 )
 def test_parser_messages_become_one_line_naming_the_option(message: str, expected: str) -> None:
-    error = usage_error(message, "python -m project report", ["--workers", "--folders", "--help"])
+    error = usage_error(message, "python -m project infer", ["--workers", "--folders", "--help"])
     assert str(error).startswith(expected) and "\n" not in str(error)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import itertools  # room: report
 import time
 import tracemalloc
 from pathlib import Path
@@ -81,6 +81,7 @@ def test_per_class_accuracy_of_many_classes_shows_the_lowest_and_highest() -> No
     assert "the 25 lowest and highest of 2000 classes" in ax.get_xlabel()
 
 
+# room: report begin
 @pytest.mark.parametrize(("classes", "smallest"), [(6, 14), (30, 7.5)])
 def test_per_class_labels_are_as_large_as_their_rows_allow(classes: int, smallest: float) -> None:
     from project.report import Run, draw_report
@@ -96,6 +97,7 @@ def test_per_class_labels_are_as_large_as_their_rows_allow(classes: int, smalles
     assert all(a.y1 <= b.y0 + 1 for a, b in itertools.pairwise(boxes))  # no label overlaps the next
 
 
+# room: report end
 def test_the_top_confusions_table_names_the_pairs() -> None:
     names = [f"class-{i}" for i in range(CLASSES)]
     lines = top_confusions_table(many_class_counts(), names).splitlines()

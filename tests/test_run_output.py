@@ -66,7 +66,9 @@ def test_fit_to_a_file_prints_epoch_lines_and_where_everything_went(workdir: Pat
     assert path.endswith(f"val_acc={float(score):.4f}.ckpt")
     for command in (
         "tensorboard --logdir logs",
+        # room: report begin
         "python -m project report tiny",
+        # room: report end
         f"python -m project predict --ckpt_path {path} --data.predict_dir=IMAGES",
         "python -m project infer --model checkpoints/tiny/latest.onnx IMAGES",
         # room: serve begin

@@ -10,7 +10,7 @@ import pytest
     "command",
     [
         "infer",
-        "report",
+        "report",  # room: report
         "new",  # room: new
     ],
 )

@@ -188,7 +188,8 @@ def test_a_fit_with_the_mlflow_preset_is_on_the_server_with_its_params_curve_and
     files = artifact_files(client, run.info.run_id)
     assert files[f"export/{onnx.name}"] == onnx.stat().st_size
     assert files[f"export/{onnx.stem}.json"] == onnx.with_suffix(".json").stat().st_size
-    assert {"report/report.png", "data_check/class_counts.txt", "data_check/first_batch.txt"} <= set(files)
+    assert {"data_check/class_counts.txt", "data_check/first_batch.txt"} <= set(files)
+    assert "report/report.png" in files  # room: report
     counts = client.download_artifacts(run.info.run_id, "data_check/class_counts.txt", str(workdir))
     assert "triangle" in Path(counts).read_text()
 
@@ -275,7 +276,7 @@ def test_a_fit_with_the_wandb_preset_offline_keeps_its_params_curve_and_files_in
     assert (workdir / "checkpoints" / "offline" / summary["best_checkpoint"]).is_file()
     assert f"val_acc={summary['best/val/acc']:.4f}" in summary["best_checkpoint"]
     assert "triangle" in (folder / "files" / "data_check" / "class_counts.txt").read_text()
-    assert (folder / "files" / "report" / "report.png").stat().st_size > 0
+    assert (folder / "files" / "report" / "report.png").stat().st_size > 0  # room: report
 
     with (workdir / "logs" / "offline" / "csv" / "metrics.csv").open() as rows:
         accuracy = [float(row["val/acc"]) for row in csv.DictReader(rows) if row["val/acc"]]

@@ -24,7 +24,11 @@ from project.deploy.serve.predictions import Prepared, answer, run_batch
 
 # room: serve end
 from project.export import fit_calibration as calibrate
+
+# room: report begin
 from project.report import write_reliability
+
+# room: report end
 from tests.exports import tiny_export, with_unknown_keys
 from tests.helpers import fast_args, run_cli
 
@@ -212,8 +216,10 @@ def test_the_export_records_its_calibration(trained: Path) -> None:
     assert meta["unknown_threshold"] == pytest.approx(
         calibration.threshold_for(meta["unknown_quantiles"], 0.95)
     )
+    # room: report begin
     png = trained / "reliability.png"
     assert write_reliability(trained / "latest.json", png) and png.stat().st_size > 10_000
+    # room: report end
 
 
 def rows(path: Path) -> dict[str, dict]:

@@ -22,7 +22,9 @@ COMMANDS = {
     # room: serve begin
     "serve": ("project.deploy.serve.command", "an HTTP service for an export", "serve"),
     # room: serve end
+    # room: report begin
     "report": ("project.report", "a run's curves as a PNG", None),
+    # room: report end
     # room: doctor begin
     "doctor": ("project.doctor", "check this machine", None),
     # room: doctor end

@@ -119,6 +119,7 @@ def show_batch(
             return img.copy()
 
 
+# room: report begin
 def report(run: Run | str | os.PathLike) -> Image.Image:
     """`python -m project report RUN`: the run's curves, confusion matrix and per-class accuracy, as a PIL
     image (shown inline by Jupyter); report.png and report.html are written into the run's log folder."""
@@ -131,6 +132,7 @@ def report(run: Run | str | os.PathLike) -> Image.Image:
         return img.copy()
 
 
+# room: report end
 def _cli(subcommand: str, flags: Sequence[str], overrides: Mapping[str, Any] | None) -> Any:
     """Run a LightningCLI subcommand of project.cli with these flags; returns the ProjectCLI."""
     if isinstance(flags, str):  # a guard for callers that pass one string to a list argument

@@ -4,7 +4,7 @@ A room owns its files (source, tests, docs, benchmarks, configs: glob patterns f
 a file of two rooms goes with either), the extras of pyproject.toml its packages come from, and its
 commands (their rows in __main__.COMMANDS or __main__.TRAINING). A room that uses another `needs` it,
 and goes with it. Whatever belongs to no room is the core: fit, validate, test, predict, the ONNX and
-`.pt2` export, infer, report and the callbacks that guard a run.
+`.pt2` export, infer and the callbacks that guard a run.
 
 Lines that belong to a room inside a shared file (a README row, a dispatch row, a test's row, an extra)
 carry a marker in that file's comment syntax, and go with the room:
@@ -104,11 +104,23 @@ ROOMS = {
         files=("src/project/api.py", "tests/test_api.py", "docs/python.md"),
     ),
     # room: api end
+    # room: report begin
+    "report": Room(
+        "`report`: a run's curves, confusion matrix and reliability diagram as PNG + HTML, no TensorBoard",
+        files=(
+            "src/project/report.py",
+            "tests/test_report.py",
+            "docs/images/report.png",
+            "docs/images/report-page.png",
+        ),
+        commands=("report",),
+    ),
+    # room: report end
     # room: notebooks begin
     "notebooks": Room(
         "two Jupyter notebooks on the Python API (a quickstart, your own images), run by the tests",
         files=("notebooks/*", "src/project/template/notebooks", "tests/test_notebooks.py"),
-        needs=("api",),
+        needs=("api", "report"),
     ),
     # room: notebooks end
     # room: tuning begin

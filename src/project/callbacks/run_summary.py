@@ -73,7 +73,9 @@ def summary(trainer: L.Trainer, how: str) -> str:
     lines.append("Next:")
     if logs:
         lines.append(f"  tensorboard --logdir {shown(Path(logs).parent)}")
+        # room: report begin
         lines.append(f"  python -m project report {run}")
+        # room: report end
     if best or last.exists():
         model = shown(best or last)
         lines.append(f"  python -m project predict --ckpt_path {model} --data.predict_dir=IMAGES")

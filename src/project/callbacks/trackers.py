@@ -4,7 +4,7 @@ made, and when fit ends the best checkpoint's name and score, the export and the
 from __future__ import annotations
 
 import contextlib
-import io
+import io  # room: report
 import shutil
 import tempfile
 from pathlib import Path
@@ -12,12 +12,21 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.loggers import (
+    Logger,
+    MLFlowLogger,
+    TensorBoardLogger,  # room: report
+    WandbLogger,
+)
+from lightning.pytorch.utilities import rank_zero_warn  # room: report
 from typing_extensions import override
 
 from project.callbacks.export import ExportBest
+
+# room: report begin
 from project.errors import UserError
+
+# room: report end
 from project.terminal import without_credentials
 
 
@@ -38,9 +47,13 @@ class TrackerArtifacts(Callback):
             score = checkpoint.best_model_score
             for logger in trackers:
                 send_best(logger, Path(checkpoint.best_model_path).name, checkpoint.monitor, score)
-        with tempfile.TemporaryDirectory() as folder:
-            files = [*((path, "export") for path in export_files(trainer))]
-            files += [(path, "report") for path in report_pictures(trainer, Path(folder))]
+        files = [(path, "export") for path in export_files(trainer)]
+        stack = contextlib.ExitStack()  # what the files need until they are sent (a temporary folder)
+        with stack:
+            # room: report begin
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            files += [(path, "report") for path in report_pictures(trainer, folder)]
+            # room: report end
             for logger in trackers:
                 for path, where in files:
                     upload(logger, path, where)
@@ -108,6 +121,7 @@ def export_files(trainer: L.Trainer) -> list[Path]:
     return [path for path in (exported, exported.with_suffix(".json")) if path.is_file()]
 
 
+# room: report begin
 def report_pictures(trainer: L.Trainer, folder: Path) -> list[Path]:
     """The pictures `python -m project report` draws of this run, written into `folder`."""
     from project.report import report  # matplotlib and TensorBoard's event reader: only when needed
@@ -123,3 +137,6 @@ def report_pictures(trainer: L.Trainer, folder: Path) -> list[Path]:
         rank_zero_warn(f"The report's pictures were not sent to the trackers: {e}")
         return []
     return sorted(folder.glob("*.png"))
+
+
+# room: report end
