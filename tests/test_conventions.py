@@ -67,12 +67,12 @@ def test_only_atomic_py_renames_files_into_place() -> None:
 def test_the_task_is_read_in_one_place_and_class_names_fall_back_in_one() -> None:
     """`is_multilabel`/`.multilabel` answer "which task?" and `label_names` the missing names: no copies."""
     package = Path(project.__file__).parent
-    task = re.compile(r"""[=!]= *["']multi(label|class)["']|["']multi(label|class)["'] *[=!]=""")
+    compared = re.compile(r"""[=!]= *["']multi(label|class)["']|["']multi(label|class)["'] *[=!]=""")
     fallback = re.compile(r"class_names[\"']?(, None\))? or\b")
     copies = []
     for path in sorted(package.rglob("*.py")):
         for i, line in enumerate(path.read_text().splitlines()):
-            if task.search(line) or fallback.search(line):
+            if compared.search(line) or fallback.search(line):
                 copies.append(f"{path.relative_to(package).as_posix()}:{i + 1}")
     assert {c.split(":")[0] for c in copies} == {"deploy/sidecar.py", "model.py"}, copies
 

@@ -195,6 +195,17 @@ def test_a_room_that_needs_another_goes_with_it(monkeypatch: pytest.MonkeyPatch)
     assert with_dependents({"c"}) == {"c"}
 
 
+def test_new_says_which_rooms_go_with_the_ones_asked_and_leaves_them_out(tmp_path: Path, capsys) -> None:
+    needing = {name for name, room in ROOMS.items() if "api" in room.needs}
+    new.main([str(tmp_path / "copy"), "--name", "task", "--without", "api"])
+    said = capsys.readouterr().out
+    assert said.startswith(f"Leaving out {', '.join(sorted(needing))} too: they need api.\n"), said
+    for name in needing | {"api"}:
+        assert not [
+            rel for rel in owned(name) if (tmp_path / "copy" / rel.replace(PACKAGE, "task", 1)).exists()
+        ]
+
+
 def test_an_unknown_room_is_one_error_line_and_writes_nothing(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         new.main([str(tmp_path / "copy"), "--name", "task", "--without", "nope"])
@@ -210,7 +221,7 @@ def test_new_help_lists_every_room() -> None:
     )
     assert done.returncode == 0
     for name, room in ROOMS.items():
-        summary = room.summary + (f" (goes without {', '.join(room.needs)})" if room.needs else "")
+        summary = room.summary + (f" (left out with {' or '.join(room.needs)})" if room.needs else "")
         assert re.search(rf"^  {name} +{re.escape(summary)}$", done.stdout, re.M), name
 
 

@@ -145,9 +145,15 @@ def _read_local(path: Path) -> dict[str, torch.Tensor]:
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a .safetensors file (a format that holds tensors only), or a UserError naming it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+    try:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+    except ImportError:  # an environment installed before safetensors was a dependency
+        raise UserError(
+            f"Weights file '{path}' is a .safetensors file: reading it needs the safetensors package, which "
+            "is not installed.",
+            "pip install -e . again (the project depends on it), or pip install safetensors.",
+        ) from None
     try:
         return load_file(path, device="cpu")
     except (SafetensorError, OSError, ValueError) as e:

@@ -159,10 +159,10 @@ class ImageClassifier(L.LightningModule):
             num_classes: Number of classes; linked from the data, never typed.
             class_names: Class names in label order; linked from the data and kept in checkpoints.
             image_size: Training image size; linked from the data and used by predict and export.
-            backbone: Any torchvision classification model name (resnet18, efficientnet_b0, vit_b_16, ...)
-                or timm model as timm/<name> (timm/convnext_nano, ...); `python -m project models` lists them.
-            weights: none, DEFAULT, a weights name (torchvision's IMAGENET1K_V1; a timm tag such as
-                in12k_ft_in1k) or a local .safetensors/.pth state-dict file.
+            backbone: A model name of a backbone family: torchvision's by name (resnet18, efficientnet_b0,
+                vit_b_16, ...), another family's with its prefix; `python -m project models` lists them.
+            weights: none, DEFAULT, a weights name of the model's family (torchvision's IMAGENET1K_V1, ...)
+                or a local .safetensors/.pth state-dict file.
             freeze_backbone: Train the head only (the backbone's BatchNorm statistics stay fixed too).
             head_epochs: Fine-tuning: train the head only for this many epochs (backbone frozen as with
                 freeze_backbone), then every layer.
@@ -181,7 +181,7 @@ class ImageClassifier(L.LightningModule):
                 data with `--data.balance=loss` (inverse class frequency) and kept in checkpoints.
                 val/loss and test/loss stay the unweighted cross-entropy.
             mean: Per-channel mean in [0, 1] for normalization; null: the backbone's pretrained config
-                (ImageNet's for torchvision; timm's for the weights tag, e.g. 0.5 for many ViTs).
+                (ImageNet's for torchvision; its own for another family's weights).
             std: Per-channel standard deviation in [0, 1] for normalization; null: as for mean.
             channels_last: Run the network in channels-last memory format. auto: in fit on the CPU when
                 the network has grouped or depthwise convolutions (mobilenet, efficientnet, regnet,

@@ -476,7 +476,7 @@ def _git_commit(folder: Path, name: str) -> str | None:
 
 
 def _goes_without(room: Room) -> str:
-    return f" (goes without {', '.join(room.needs)})" if room.needs else ""
+    return f" (left out with {' or '.join(room.needs)})" if room.needs else ""
 
 
 @exits_on_user_error
@@ -496,6 +496,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     left_out = left_out_rooms(args.without) if args.without else frozenset()
+    asked = {part.strip() for part in args.without.split(",")}
+    if "all" not in asked and left_out - asked:  # rooms that need a left-out one go with it
+        print(f"Leaving out {', '.join(sorted(left_out - asked))} too: they need {', '.join(sorted(asked))}.")
     count, commit = create(args.dest, args.name, left_out=left_out)
     note = f"git commit {commit}" if commit else "no git repository: git is not installed"
     dest = printable(str(args.dest))  # a folder name could hold terminal control characters

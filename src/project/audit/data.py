@@ -46,7 +46,7 @@ class AuditDataModule(ImageDataModule):
             raise UserError(
                 f"audit reads multi-label data from a labels CSV; '{source.where}' holds multi-label "
                 f"{format_module(self._streamed).KIND}.",
-                f"audit the images and CSV they were made from ({source.made_from}).",
+                f"audit the images and CSV they were made from ({source.made_from or 'their folder'}).",
             )
         self._extracted = tempfile.TemporaryDirectory(prefix="audit-shards-")  # removed with this object
         folder = Path(self._extracted.name)

@@ -172,10 +172,10 @@ class ImageDataModule(L.LightningDataModule):
         """
         Args:
             root: Folder of images; null means the embedded shapes data set, generated into data/shapes.
-                Shards made by `optimize` (a folder with shards.json, or an s3:// URL) are streamed.
+                Data in a streamed format (data/source.py's STREAMED, such as shards) is streamed.
             val_split: Fraction of each class held out for validation when root has no train/ and val/.
             split_seed: Seed of that split; kept apart from the training seed so the split never moves.
-                Also the seed of the shards' shuffle (fixed, so a resumed run draws the same order).
+                Also the seed of a streamed format's shuffle (fixed: a resumed run draws the same order).
             num_classes: Expected number of classes, checked against the class folders (optional).
             image_size: Side of the square crops the model sees; null (the command line's default): a
                 resumed checkpoint's, else the pretrained weights' input size (224 for most), else 64 (also
@@ -303,7 +303,8 @@ class ImageDataModule(L.LightningDataModule):
             raise UserError(
                 f"--data.root '{self._streamed_root}' holds {kind}: fit, validate, test and export read "
                 "them, this command reads image files (folders or a labels CSV).",
-                f"point --data.root at the images the {kind} were made from ({self.source.made_from}).",
+                f"point --data.root at the images the {kind} were made from "
+                f"({self.source.made_from or 'the image folder they were made from'}).",
             )
         if self.embedded:
             shapes = "the embedded shapes data set (6 classes, 4,800 train and 600 val images)"

@@ -100,7 +100,7 @@ class DataSource(Protocol):
 class StreamedSource(DataSource, Protocol):
     """A streamed format's data: the DataSource questions, and its own data sets and loaders."""
 
-    made_from: str  # what the data was made from (a folder or CSV), for messages that point the user there
+    made_from: str | None  # what the data was made from (a folder or CSV), for messages that point there
 
     def dataset(
         self, split: str, transform: Callable, shuffle: bool, seed: int, skip_bad_images: bool

@@ -169,7 +169,7 @@ class ShardSource:
         self.task = self.record.task
         self.class_names = self.record.class_names
         self.split_names = tuple(self.record.splits)
-        self.made_from = self.record.source or "the image folder they were made from"
+        self.made_from = self.record.source  # None when optimize did not record it
         self._checked: dict[str, CheckedSplit] = {}
 
     def class_counts(self, split: str) -> dict[str, int]:
