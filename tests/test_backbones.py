@@ -1,3 +1,4 @@
+import sys
 from pathlib import Path
 from urllib.error import URLError
 
@@ -86,6 +87,21 @@ def test_every_family_keeps_the_contract(prefix: str, tmp_path: Path) -> None:
         build_backbone(f"{prefix}resnet81", 2)
     with pytest.raises(UserError, match=rf"Backbone '{name}' has no weights 'NO_SUCH' \(--model.weights\)"):
         build_backbone(name, 2, weights="NO_SUCH")
+
+
+def test_a_safetensors_file_without_the_package_is_one_error_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An environment installed before safetensors was a dependency of the project."""
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # what `import safetensors` does, uninstalled
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"\0" * 16)
+    with pytest.raises(UserError) as error:
+        build_backbone("resnet18", 3, weights=str(weights))
+    assert str(error.value) == (
+        f"Weights file '{weights}' is a .safetensors file: reading it needs the safetensors package, which "
+        "is not installed. Fix: pip install -e . (or pip install safetensors): the project depends on it."
+    )
 
 
 def test_vit_head() -> None:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from project.checkpoint_io import load_checkpoint_file
-from project.errors import UserError
+from project.errors import UserError, install_hint
 
 # The backbone families: a `--model.backbone` prefix -> the module of that family's models, imported when a
 # name with its prefix is used (so a family's packages are needed by its models only). The first prefix a
@@ -152,7 +152,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise UserError(
             f"Weights file '{path}' is a .safetensors file: reading it needs the safetensors package, which "
             "is not installed.",
-            "pip install -e . again (the project depends on it), or pip install safetensors.",
+            install_hint(None, "safetensors") + ": the project depends on it.",
         ) from None
     try:
         return load_file(path, device="cpu")

@@ -35,14 +35,16 @@ class UserError(Exception):
         super().__init__(problem if fix is None else f"{problem} Fix: {fix}")
 
 
-def install_hint(extra: str, packages: str) -> str:
-    """How to install an optional part of the project: the one wording of every "install X" advice.
+def install_hint(extra: str | None, packages: str) -> str:
+    """How to install a part of the project: the one wording of every "install X" advice.
 
     Args:
-        extra: The extra of pyproject.toml that brings it (`timm`, `trackers`, ...).
+        extra: The extra of pyproject.toml that brings it (`timm`, `trackers`, ...); None for a
+            dependency of the core, missing from an environment installed before it was one.
         packages: The packages themselves, for an environment without a clone of the project.
     """
-    return f"pip install -e '.[{extra}]' (or pip install {packages})"
+    target = f"'.[{extra}]'" if extra else "."
+    return f"pip install -e {target} (or pip install {packages})"
 
 
 def extra_packages(extra: str) -> str:
