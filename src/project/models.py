@@ -35,10 +35,11 @@ def _bare_match(name: str, prefix: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(name.lower().removeprefix(prefix), pattern)
 
 
-def family_rows(family: ModuleType, pattern: str | None, pretrained: bool) -> list[str]:
-    """One line per backbone of `family` that matches `pattern`: its name, weights and their preprocessing."""
+def family_rows(family: ModuleType, names: list[str], pattern: str | None, pretrained: bool) -> list[str]:
+    """One line per backbone of `family` (of its `names`) that matches `pattern`: its name, weights and their
+    preprocessing."""
     rows = []
-    for name in matching(family.names(), pattern, family.PREFIX):
+    for name in matching(names, pattern, family.PREFIX):
         tags = family.weight_names(name)
         if not tags:
             if not pretrained:
@@ -49,18 +50,16 @@ def family_rows(family: ModuleType, pattern: str | None, pretrained: bool) -> li
     return rows
 
 
-def families() -> list[ModuleType]:
-    """Each family of backbones.FAMILIES, torchvision's first; one whose package is not installed is left
-    out, with a line on stderr saying how to install it."""
-    found = []
+def families() -> dict[ModuleType, list[str]]:
+    """Each family of backbones.FAMILIES with its backbone names, torchvision's first; one whose package is
+    not installed is left out, with a line on stderr saying how to install it."""
+    found = {}
     for prefix in sorted(FAMILIES, key=len):  # torchvision's has no prefix
         family = family_of(prefix)
         try:
-            family.names()
+            found[family] = family.names()
         except UserError as e:
             print(f"({user_message(e)})", file=sys.stderr)
-            continue
-        found.append(family)
     return found
 
 
@@ -84,13 +83,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pretrained", action="store_true", help="only models with pretrained weights")
     args = parser.parse_args(argv)
     found = families()
-    rows = [row for family in found for row in family_rows(family, args.pattern, args.pretrained)]
+    rows = [
+        row
+        for family, names in found.items()
+        for row in family_rows(family, names, args.pattern, args.pretrained)
+    ]
     if not rows:
         raise UserError(f"No backbone matches '{args.pattern}'.", _hint(args.pattern, found))
     print("\n".join(rows))
 
 
-def _hint(pattern: str, found: list[ModuleType]) -> str:
-    names = [name for family in found for name in family.names()]
+def _hint(pattern: str, found: dict[ModuleType, list[str]]) -> str:
+    names = [name for names in found.values() for name in names]
     close = difflib.get_close_matches(pattern, names, n=3)
     return f"did you mean {', '.join(close)}?" if close else "run `python -m project models` for every name."

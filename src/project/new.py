@@ -271,8 +271,7 @@ def is_checkout(root: Path, package: str = PACKAGE) -> bool:
 
 
 def left_out_rooms(value: str) -> frozenset[str]:
-    """The rooms named by --without (a comma-separated list of ROOMS' names, or `all`), and those that need
-    one of them."""
+    """The rooms named by --without: a comma-separated list of ROOMS' names, or `all`."""
     names = {part.strip() for part in value.split(",") if part.strip()}
     if "all" in names:
         return frozenset(ROOMS)
@@ -284,7 +283,7 @@ def left_out_rooms(value: str) -> frozenset[str]:
             f"pass rooms separated by commas (e.g. --without {','.join(list(ROOMS)[:2])}), or --without all "
             "for the core alone; `new --help` says what each holds.",
         )
-    return with_dependents(names)
+    return frozenset(names)
 
 
 def marked_out(text: str, left_out: AbstractSet[str], rel: str) -> str:
@@ -495,9 +494,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--without", default="", metavar="ROOM[,ROOM...]", help="optional rooms to leave out, or all"
     )
     args = parser.parse_args(argv)
-    left_out = left_out_rooms(args.without) if args.without else frozenset()
-    asked = {part.strip() for part in args.without.split(",")}
-    if "all" not in asked and left_out - asked:  # rooms that need a left-out one go with it
+    asked = left_out_rooms(args.without) if args.without else frozenset()
+    left_out = with_dependents(asked)  # rooms that need a left-out one go with it
+    if left_out - asked:
         print(f"Leaving out {', '.join(sorted(left_out - asked))} too: they need {', '.join(sorted(asked))}.")
     count, commit = create(args.dest, args.name, left_out=left_out)
     note = f"git commit {commit}" if commit else "no git repository: git is not installed"
