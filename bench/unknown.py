@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from project.deploy import calibration
+from project.deploy import calibration, unknown
 from project.deploy.classifier import Classifier
 
 SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
@@ -76,9 +76,7 @@ def main() -> None:
             continue
         shares = {
             part: float(
-                (
-                    calibration.score(o.logits, name, temperature, o.features, bank) < figures["threshold"]
-                ).mean()
+                (unknown.score(o.logits, name, temperature, o.features, bank) < figures["threshold"]).mean()
             )
             for part, o in ran.items()
         }

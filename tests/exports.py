@@ -81,9 +81,10 @@ def with_unknown_keys(
     from `lowest` to `highest`, the threshold accepting 95% of them; `class_names` renames the classes."""
     sidecar = export.with_suffix(".json")
     meta = json.loads(sidecar.read_text())
-    table = np.linspace(lowest, highest, 101).tolist()
-    meta |= {"temperature": 1.0, "unknown_score": "energy", "unknown_quantiles": table}
-    meta |= {"unknown_accept": 0.95, "unknown_threshold": lowest + 0.05 * (highest - lowest)}
+    table = np.linspace(lowest, highest, 101).tolist()  # room: unknown
+    meta["temperature"] = 1.0
+    meta |= {"unknown_score": "energy", "unknown_quantiles": table}  # room: unknown
+    meta |= {"unknown_accept": 0.95, "unknown_threshold": lowest + 0.05 * (highest - lowest)}  # room: unknown
     if class_names is not None:
         meta["class_names"] = class_names
     sidecar.write_text(json.dumps(meta))
@@ -126,10 +127,10 @@ DOC = {
         "before": {"confidence": [0.3, 0.8], "accuracy": [0.25, 0.9], "count": [10, 14]},
         "after": {"confidence": [0.35, 0.75], "accuracy": [0.25, 0.9], "count": [11, 13]},
     },
-    "unknown_score": "energy",
-    "unknown_accept": 0.95,
-    "unknown_quantiles": [float(q) for q in range(101)],
-    "unknown_threshold": 5.0,
+    "unknown_score": "energy",  # room: unknown
+    "unknown_accept": 0.95,  # room: unknown
+    "unknown_quantiles": [float(q) for q in range(101)],  # room: unknown
+    "unknown_threshold": 5.0,  # room: unknown
     "files": {"onnx": "m.onnx", "pt2": "m.pt2"},
     "verification": {"passed": True},
 }

@@ -23,12 +23,14 @@ def test_a_sidecar_round_trips_through_its_file(tmp_path: Path) -> None:
     assert loaded == Sidecar.from_dict(json.loads(json.dumps(DOC)), "elsewhere.json")
     assert loaded.class_names == ("red", "green", "blue", "dark") and not loaded.multilabel
     assert (loaded.image_size, loaded.crop_ratio, loaded.resize_to) == (16, 0.875, 18)
-    assert (loaded.temperature, loaded.unknown_threshold, loaded.unknown_accept) == (1.5, 5.0, 0.95)
+    assert loaded.temperature == 1.5
+    assert (loaded.unknown_threshold, loaded.unknown_accept) == (5.0, 0.95)  # room: unknown
     assert loaded.files == {"onnx": "m.onnx", "pt2": "m.pt2"} and loaded.version == 1
     assert loaded.interpolation == "bilinear"  # absent: as version 1 resized
     assert loaded.source_checkpoint == "/runs/x/last.ckpt"
-    assert loaded.calibration().threshold == 5.0 and loaded.calibration().temperature == 1.5
-    assert loaded.calibration(0.5).threshold == pytest.approx(50.0)  # the median validation score
+    assert loaded.calibration().temperature == 1.5
+    assert loaded.calibration().threshold == 5.0  # room: unknown
+    assert loaded.calibration(0.5).threshold == pytest.approx(50.0)  # room: unknown
     assert loaded.public()["source_checkpoint"] == {"sha256": "0" * 64}  # serve shows no folder
 
 
@@ -72,10 +74,12 @@ TAMPERED = {
         {"temperature": -1.0},
         "Sidecar '{json}': 'temperature' is -1.0; expected a finite",
     ),
+    # room: unknown begin
     "unknown_accept above 1": (
         {"unknown_accept": 1.5},
         "Sidecar '{json}': 'unknown_accept' is 1.5; expected a",
     ),
+    # room: unknown end
     "an unknown resize filter": (
         {"preprocessing": {**DOC["preprocessing"], "interpolation": "lanczos"}},
         "Sidecar '{json}': 'preprocessing.interpolation' is 'lanczos'; expected one of bilinear, bicubic",

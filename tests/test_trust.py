@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-import re
+import re  # room: unknown
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +13,13 @@ import torch
 from PIL import Image
 
 from project.data.shapes import CLASSES
-from project.deploy import calibration
-from project.deploy.calibration import Calibration
+from project.deploy import (
+    calibration,
+    unknown,  # room: unknown
+)
 from project.deploy.classifier import Classifier
+
+# room: unknown begin
 from project.deploy.infer import main as infer_main
 
 # room: serve begin
@@ -23,22 +27,22 @@ from project.deploy.serve.models import load_model
 from project.deploy.serve.predictions import Prepared, answer, run_batch
 
 # room: serve end
+# room: unknown end
 from project.export import fit_calibration as calibrate
 
 # room: report begin
 from project.report import write_reliability
 
 # room: report end
-from tests.exports import tiny_export, with_unknown_keys
 from tests.helpers import fast_args, run_cli
 
 CALIBRATION_KEYS = {
     "temperature",
     "ece_before",
     "ece_after",
-    "unknown_score",
-    "unknown_accept",
-    "unknown_threshold",
+    "unknown_score",  # room: unknown
+    "unknown_accept",  # room: unknown
+    "unknown_threshold",  # room: unknown
 }
 BINS_NEAR_CHANCE = 3  # the reliability bins of top probabilities below 0.2 (chance: 1/6)
 INT8_KEYS = {"agreement", "accuracy_float", "accuracy_int8", "latency_ms", "quantization"}
@@ -57,82 +61,17 @@ def test_the_fitted_temperature_lowers_the_ece_of_overconfident_logits() -> None
     assert before > 0.2 and after < 0.03
 
 
-def test_energy_and_threshold_rules() -> None:
-    logits = np.array([[10.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
-    energy = calibration.score(logits, "energy", 2.0)
-    np.testing.assert_allclose(energy, 2.0 * np.log(np.exp(logits / 2.0).sum(1)))
-    table = calibration.quantiles(np.arange(101.0))
-    assert calibration.threshold_for(table, 0.95) == pytest.approx(5.0)
-    rule = Calibration(2.0, "energy", threshold=float(energy.mean()))
-    assert rule.known(logits).tolist() == [True, False]
-    off = Calibration.from_sidecar(
-        {"temperature": 2.0, "unknown_threshold": 3.0, "unknown_quantiles": table}, 0
-    )
-    assert off.threshold is None and off.known(logits).all()
-
-
-def test_the_reason_for_unknown_names_the_score_the_threshold_and_the_share() -> None:
-    rule = Calibration(1.0, "energy", threshold=6.0, accept=0.95)
-    assert rule.reason(5.32339) == (
-        "energy score 5.3234 is 0.6766 below the threshold 6.0000, which accepts 95% of the validation images"
-    )
-    assert rule.reason(6.0) == "" and rule.reason(10.5) == ""  # answered with a class
-    table = calibration.quantiles(np.arange(101.0))
-    meta = {"unknown_threshold": 5.0, "unknown_quantiles": table, "unknown_accept": 0.95}
-    assert "accepts 95% of" in Calibration.from_sidecar(meta).reason(1.0)
-    assert "below the threshold 50.0000, which accepts 50% of" in Calibration.from_sidecar(meta, 0.5).reason(
-        1.0
-    )
-    assert Calibration.from_sidecar(meta, 0).reason(-1e9) == ""  # rejection off
-    older = {"unknown_threshold": 5.0}  # an export from before unknown_accept was written
-    assert (
-        Calibration.from_sidecar(older).reason(1.0)
-        == "energy score 1.0000 is 4.0000 below the export's threshold 5.0000"
-    )
-
-
-def test_infer_and_serve_say_why_an_image_is_unknown(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    model = tiny_export(tmp_path, "run", seed=0)
-    with_unknown_keys(
-        model, 5.0, 25.0
-    )  # threshold 6.0: the dark image (energy 5.3) is unknown, the red one not
-    for name, colour in {"dark": (5, 5, 5), "red": (220, 30, 20)}.items():
-        Image.new("RGB", (20, 20), colour).save(tmp_path / f"{name}.png")
-    why = (
-        "energy score 5.3234 is 0.6766 below the threshold 6.0000, which accepts 95% of the validation images"
-    )
-    images = [str(tmp_path / "dark.png"), str(tmp_path / "red.png")]
-    infer_main(["--model", str(model), "--top_k", "2", "--output", str(tmp_path / "out.csv"), *images])
-    written = rows(tmp_path / "out.csv")
-    assert list(written["dark.png"])[-1] == "reason"
-    assert (written["dark.png"]["class_name"], written["dark.png"]["reason"]) == ("unknown", why)
-    assert (written["red.png"]["class_name"], written["red.png"]["reason"]) == ("red", "")
-    capsys.readouterr()
-    infer_main(["--model", str(model), *images])
-    printed = capsys.readouterr().out.splitlines()
-    assert printed[0].split("\t")[1] == f"unknown ({why})" and "unknown" not in printed[1]
-    # room: serve begin
-    loaded = load_model(model)
-    for name, reason in [("dark", why), ("red", None)]:
-        array = loaded.classifier.preprocess(tmp_path / f"{name}.png")
-        served = answer(loaded, run_batch([Prepared(loaded, array, 20, 20, None)])[0][0], 2, 1)
-        assert served["unknown"]["accept"] == 0.95 and served["unknown"]["threshold"] == pytest.approx(6.0)
-        assert served["unknown"]["reason"] == reason, name
-    # room: serve end
-
-
 def test_calibration_is_skipped_with_a_reason(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from project.data.datamodule import ImageDataModule
 
     missing = ImageDataModule(root=str(tmp_path / "nowhere"))  # a checkpoint's data, not on this machine
-    keys = calibrate.calibrate_export(torch.nn.Identity(), missing, 32, 0.875, False, 0.95, "energy").keys
-    assert keys["temperature"] == 1.0 and keys["unknown_threshold"] is None
+    keys = calibrate.calibrate_export(torch.nn.Identity(), missing, 32, 0.875, False).keys
+    assert keys["temperature"] == 1.0
+    assert keys["unknown_threshold"] is None  # room: unknown
     assert f"Calibration skipped: the data folder '{tmp_path / 'nowhere'}' is not on this machine" in (
         capsys.readouterr().out
     )
-    keys = calibrate.calibrate_export(torch.nn.Identity(), missing, 32, 0.875, True, 0.95, "energy").keys
+    keys = calibrate.calibrate_export(torch.nn.Identity(), missing, 32, 0.875, True).keys
     assert "multi-label" in keys["calibration_skipped"]
 
 
@@ -203,19 +142,17 @@ def test_the_export_records_its_calibration(trained: Path) -> None:
     assert calibrate.MIN_TEMPERATURE < meta["temperature"] < calibrate.MAX_TEMPERATURE
     assert meta["ece_after"] <= meta["ece_before"] + 1e-6
     assert meta["reliability"]["after"]["count"][BINS_NEAR_CHANCE:] != [0] * (15 - BINS_NEAR_CHANCE)
+    # room: unknown begin
     # the score the made foreign images chose, its threshold one of those measured
     chosen = meta["unknown_score"]
     assert meta["unknown_choice"].startswith(f"{chosen}: at the threshold accepting 95%")
     figures = meta["unknown_scores"]
     assert set(figures) == {"measured_at_accept", "knn", "energy", "max_probability"}
-    assert figures[chosen]["foreign_unknown"] == max(
-        figures[s]["foreign_unknown"] for s in calibration.SCORES
-    )
+    assert figures[chosen]["foreign_unknown"] == max(figures[s]["foreign_unknown"] for s in unknown.SCORES)
     assert meta["unknown_threshold"] == pytest.approx(figures[chosen]["threshold"])
     assert meta["unknown_accept"] == 0.95 and meta["version"] == (3 if chosen == "knn" else 1)
-    assert meta["unknown_threshold"] == pytest.approx(
-        calibration.threshold_for(meta["unknown_quantiles"], 0.95)
-    )
+    assert meta["unknown_threshold"] == pytest.approx(unknown.threshold_for(meta["unknown_quantiles"], 0.95))
+    # room: unknown end
     # room: report begin
     png = trained / "reliability.png"
     assert write_reliability(trained / "latest.json", png) and png.stat().st_size > 10_000
@@ -227,6 +164,7 @@ def rows(path: Path) -> dict[str, dict]:
         return {Path(r["file"]).name: r for r in csv.DictReader(f)}
 
 
+# room: unknown begin
 @pytest.mark.slow
 def test_predict_infer_and_serve_answer_unknown_alike(
     trained: Path, pngs: Path, tmp_path: Path, workdir: Path
@@ -303,6 +241,9 @@ def same_reason(a: str, b: str) -> bool:
     )
 
 
+# room: unknown end
+
+
 @pytest.mark.slow
 def test_the_int8_export_is_measured_and_runs(trained: Path, pngs: Path) -> None:
     int8 = next(trained.glob("t-*-int8.onnx"))
@@ -348,6 +289,7 @@ def test_predict_explain_writes_an_overlay_per_image(
 
 
 # room: explain end
+# room: unknown begin
 @pytest.mark.slow
 def test_flip_tta_keeps_the_exports_unknown_rule(
     trained: Path, colours_root: Path, tmp_path: Path, workdir: Path
@@ -370,6 +312,9 @@ def test_flip_tta_keeps_the_exports_unknown_rule(
     assert abs(top1["flip"].mean() - top1["none"].mean()) < 0.1, (top1["flip"].mean(), top1["none"].mean())
 
 
+# room: unknown end
+
+
 def test_the_temperature_is_bounded_on_uninformative_logits() -> None:
     generator = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 6, (600,), generator=generator)
@@ -387,10 +332,10 @@ def test_a_temperature_that_makes_the_calibration_worse_is_not_kept_and_few_imag
     # confident where right, unsure where wrong: already well calibrated, a temperature of 5 flattens it
     logits = torch.where(torch.nn.functional.one_hot(labels, 3).bool(), 3.0, 0.0).double()
     logits[:60] = torch.tensor([0.2, 0.1, 0.0], dtype=torch.float64)
-    kept = calibrate.checked_calibration(logits, labels, 0.95, "energy", temperature=5.0)
+    kept = calibrate.checked_calibration(logits, labels, temperature=5.0)
     assert kept["temperature"] == 1.0 and kept["ece_after"] == kept["ece_before"]
     assert "made the calibration error worse" in kept["calibration_note"]
-    few = calibrate.checked_calibration(logits[:30], labels[:30], 0.95, "energy", temperature=1.0)
+    few = calibrate.checked_calibration(logits[:30], labels[:30], temperature=1.0)
     assert "only 30 validation images" in few["calibration_note"]
-    fine = calibrate.checked_calibration(logits, labels, 0.95, "energy", temperature=1.0)
+    fine = calibrate.checked_calibration(logits, labels, temperature=1.0)
     assert "calibration_note" not in fine

@@ -3,6 +3,7 @@ chosen by measurement on made foreign images; the same verdict from every path."
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import json
@@ -14,16 +15,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from project.data.shapes import CLASSES
-from project.deploy import calibration, feature_bank
+from project.deploy import feature_bank, unknown
 from project.deploy.calibration import Calibration, Outputs
 from project.deploy.feature_bank import FeatureBank
+from project.deploy.infer import main as infer_main
+
+# room: serve begin
+from project.deploy.serve.models import load_model
+from project.deploy.serve.predictions import Prepared, answer, run_batch
+
+# room: serve end
 from project.deploy.sidecar import Sidecar
 from project.errors import UserError
-from project.export import fit_calibration
+from project.export import fit_calibration, fit_unknown
 from project.export.foreign import PER_KIND, foreign_images
 from tests.exports import DOC as SIDECAR
+from tests.exports import tiny_export, with_unknown_keys
 
 STATISTICS = sum(width for _, width in feature_bank.IMAGE_BLOCKS)  # the image's own columns: 72
 
@@ -216,9 +226,9 @@ def test_the_foreign_images_are_fixed_and_of_every_kind() -> None:
 
 def evidence(
     foreign_logits: np.ndarray, foreign_features: np.ndarray, features: np.ndarray
-) -> fit_calibration.Evidence:
+) -> fit_unknown.Evidence:
     bank = FeatureBank.of(features).standardized(features)
-    return fit_calibration.Evidence(features, bank, Outputs(foreign_logits, foreign_features), {"noise": 16})
+    return fit_unknown.Evidence(features, bank, Outputs(foreign_logits, foreign_features), {"noise": 16})
 
 
 def test_auto_keeps_the_score_that_answers_the_most_foreign_images_unknown() -> None:
@@ -233,7 +243,10 @@ def test_auto_keeps_the_score_that_answers_the_most_foreign_images_unknown() -> 
     foreign_logits = np.tile([[9.0, 0.0, 0.0]], (16, 1)).astype(np.float32)
     foreign_features = feature_bank.descriptors(rng.normal(size=(16, 16)) * 5, images[300:])
     result = fit_calibration.calibrate(
-        logits, labels, 0.95, "auto", 1.0, evidence(foreign_logits, foreign_features, features)
+        logits,
+        labels,
+        1.0,
+        fit_unknown.Request(0.95, "auto", evidence(foreign_logits, foreign_features, features)),
     )
     figures = result["unknown_scores"]
     assert result["unknown_score"] == "knn"
@@ -244,18 +257,21 @@ def test_auto_keeps_the_score_that_answers_the_most_foreign_images_unknown() -> 
     assert result["unknown_threshold"] == pytest.approx(figures["knn"]["threshold"])
     # asked for, a score is kept whatever the measurements say
     forced = fit_calibration.calibrate(
-        logits, labels, 0.95, "energy", 1.0, evidence(foreign_logits, foreign_features, features)
+        logits,
+        labels,
+        1.0,
+        fit_unknown.Request(0.95, "energy", evidence(foreign_logits, foreign_features, features)),
     )
     assert forced["unknown_score"] == "energy" and "asked for" in forced["unknown_choice"]
 
 
 def test_knn_asked_for_without_features_is_one_error() -> None:
     logits, labels = torch.randn(50, 3), torch.randint(0, 3, (50,))
-    none = fit_calibration.Evidence(why_no_bank="the network's classification layer is not a Linear")
+    none = fit_unknown.Evidence(why_no_bank="the network's classification layer is not a Linear")
     with pytest.raises(
         UserError, match=r"--unknown_score=knn needs the network's features .* is not a Linear"
     ):
-        fit_calibration.calibrate(logits, labels, 0.95, "knn", 1.0, none)
+        fit_calibration.calibrate(logits, labels, 1.0, fit_unknown.Request(0.95, "knn", none))
 
 
 def test_a_knn_calibration_answers_from_logits_and_features() -> None:
@@ -273,7 +289,7 @@ def test_a_knn_calibration_answers_from_logits_and_features() -> None:
         "knn score -3.2000 is 0.2000 below the threshold -3.0000, which accepts 95% of the validation images"
     )
     with pytest.raises(ValueError, match="needs the model's features"):
-        calibration.score(np.zeros((1, 2)), "knn")
+        unknown.score(np.zeros((1, 2)), "knn")
 
 
 def test_a_knn_sidecar_reads_its_bank_beside_it(tmp_path: Path) -> None:
@@ -287,3 +303,74 @@ def test_a_knn_sidecar_reads_its_bank_beside_it(tmp_path: Path) -> None:
         Sidecar.load(tmp_path / "m.json").calibration()
     # with rejection off, no bank is read
     assert Sidecar.load(tmp_path / "m.json").calibration(accept=0).threshold is None
+
+
+def test_energy_and_threshold_rules() -> None:
+    logits = np.array([[10.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    energy = unknown.score(logits, "energy", 2.0)
+    np.testing.assert_allclose(energy, 2.0 * np.log(np.exp(logits / 2.0).sum(1)))
+    table = unknown.quantiles(np.arange(101.0))
+    assert unknown.threshold_for(table, 0.95) == pytest.approx(5.0)
+    rule = Calibration(2.0, "energy", threshold=float(energy.mean()))
+    assert rule.known(logits).tolist() == [True, False]
+    off = Calibration.from_sidecar(
+        {"temperature": 2.0, "unknown_threshold": 3.0, "unknown_quantiles": table}, 0
+    )
+    assert off.threshold is None and off.known(logits).all()
+
+
+def test_the_reason_for_unknown_names_the_score_the_threshold_and_the_share() -> None:
+    rule = Calibration(1.0, "energy", threshold=6.0, accept=0.95)
+    assert rule.reason(5.32339) == (
+        "energy score 5.3234 is 0.6766 below the threshold 6.0000, which accepts 95% of the validation images"
+    )
+    assert rule.reason(6.0) == "" and rule.reason(10.5) == ""  # answered with a class
+    table = unknown.quantiles(np.arange(101.0))
+    meta = {"unknown_threshold": 5.0, "unknown_quantiles": table, "unknown_accept": 0.95}
+    assert "accepts 95% of" in Calibration.from_sidecar(meta).reason(1.0)
+    assert "below the threshold 50.0000, which accepts 50% of" in Calibration.from_sidecar(meta, 0.5).reason(
+        1.0
+    )
+    assert Calibration.from_sidecar(meta, 0).reason(-1e9) == ""  # rejection off
+    older = {"unknown_threshold": 5.0}  # an export from before unknown_accept was written
+    assert (
+        Calibration.from_sidecar(older).reason(1.0)
+        == "energy score 1.0000 is 4.0000 below the export's threshold 5.0000"
+    )
+
+
+def rows(path: Path) -> dict[str, dict]:
+    with open(path, newline="") as f:
+        return {Path(r["file"]).name: r for r in csv.DictReader(f)}
+
+
+def test_infer_and_serve_say_why_an_image_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny_export(tmp_path, "run", seed=0)
+    with_unknown_keys(
+        model, 5.0, 25.0
+    )  # threshold 6.0: the dark image (energy 5.3) is unknown, the red one not
+    for name, colour in {"dark": (5, 5, 5), "red": (220, 30, 20)}.items():
+        Image.new("RGB", (20, 20), colour).save(tmp_path / f"{name}.png")
+    why = (
+        "energy score 5.3234 is 0.6766 below the threshold 6.0000, which accepts 95% of the validation images"
+    )
+    images = [str(tmp_path / "dark.png"), str(tmp_path / "red.png")]
+    infer_main(["--model", str(model), "--top_k", "2", "--output", str(tmp_path / "out.csv"), *images])
+    written = rows(tmp_path / "out.csv")
+    assert list(written["dark.png"])[-1] == "reason"
+    assert (written["dark.png"]["class_name"], written["dark.png"]["reason"]) == ("unknown", why)
+    assert (written["red.png"]["class_name"], written["red.png"]["reason"]) == ("red", "")
+    capsys.readouterr()
+    infer_main(["--model", str(model), *images])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split("\t")[1] == f"unknown ({why})" and "unknown" not in printed[1]
+    # room: serve begin
+    loaded = load_model(model)
+    for name, reason in [("dark", why), ("red", None)]:
+        array = loaded.classifier.preprocess(tmp_path / f"{name}.png")
+        served = answer(loaded, run_batch([Prepared(loaded, array, 20, 20, None)])[0][0], 2, 1)
+        assert served["unknown"]["accept"] == 0.95 and served["unknown"]["threshold"] == pytest.approx(6.0)
+        assert served["unknown"]["reason"] == reason, name
+    # room: serve end

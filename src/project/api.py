@@ -29,8 +29,13 @@ import numpy as np
 from PIL import Image
 
 from project.data.decode import pil_rgb
-from project.deploy.calibration import UNKNOWN, Outputs
+from project.deploy.calibration import Outputs
 from project.deploy.classifier import RUNTIMES, Classifier
+
+# room: unknown begin
+from project.deploy.unknown import UNKNOWN
+
+# room: unknown end
 
 # What `predict` takes: a file (path), a file's bytes, a PIL image, or a uint8 RGB array [H, W, 3]
 # (or grayscale [H, W]), values 0-255
@@ -44,18 +49,24 @@ class Prediction:
 
     `names` and `probabilities`: the top-k classes, most probable first, with their calibrated
     probabilities (multi-label: every label, most probable first, a sigmoid each). `class_name` is
-    the top class, or `unknown` when the export's unknown threshold refuses the image (`reason`
-    says why). `labels`: the predicted labels (multi-label: those at or above the threshold;
-    multi-class: the class, none when unknown).
+    the top class. `labels`: the predicted labels (multi-label: those at or above the threshold;
+    multi-class: the class).
+    # room: unknown begin
+
+    `class_name` is `unknown` when the export's unknown threshold refuses the image (`reason` says why),
+    and `labels` is then empty.
+    # room: unknown end
     """
 
     class_name: str
     names: list[str]
     probabilities: list[float]
     labels: list[str] = field(default_factory=list)
+    # room: unknown begin
     unknown: bool = False
     score: float | None = None  # the unknown score, when the export has a threshold
     reason: str = ""
+    # room: unknown end
 
     @property
     def probability(self) -> float:
@@ -162,19 +173,28 @@ def _flag_value(value: Any) -> str:
 
 
 def load(
-    path: str | os.PathLike, unknown_accept: float | None = None, threads: int | None = None
+    path: str | os.PathLike,
+    unknown_accept: float | None = None,  # room: unknown
+    threads: int | None = None,
 ) -> ExportModel | CheckpointModel:
     """A model to `predict` with: an export (.onnx, or another runtime's file such as OpenVINO's .xml)
     torch-free, or a checkpoint (.ckpt).
 
-    `unknown_accept`: the share of validation images accepted (0: never `unknown`); None: the export's.
+    `unknown_accept`: the share of validation images accepted (0: never `unknown`).  # room: unknown
     """
     path = Path(path)
     exports = (".onnx", *RUNTIMES)
     if path.suffix in exports:
-        return ExportModel(path, unknown_accept, threads)
+        return ExportModel(
+            path,
+            unknown_accept,  # room: unknown
+            threads,
+        )
     if path.suffix == ".ckpt":
-        return CheckpointModel(path, unknown_accept=unknown_accept)
+        return CheckpointModel(
+            path,
+            unknown_accept=unknown_accept,  # room: unknown
+        )
     raise ValueError(
         f"'{path}' is neither an export ({', '.join(exports)}) nor a checkpoint (.ckpt). Pass "
         "checkpoints/<run>/latest.onnx (torch-free) or a .ckpt of checkpoints/<run>/."
@@ -225,20 +245,27 @@ class ExportModel(_Predicting):
     """An export and its sidecar, torch-free: the answers of `infer` (project.deploy.classifier)."""
 
     def __init__(
-        self, path: str | os.PathLike, unknown_accept: float | None = None, threads: int | None = None
+        self,
+        path: str | os.PathLike,
+        unknown_accept: float | None = None,  # room: unknown
+        threads: int | None = None,
     ) -> None:
-        self.classifier = Classifier(path, threads, unknown_accept)
+        self.classifier = Classifier(
+            path,
+            threads,
+            unknown_accept,  # room: unknown
+        )
         self.class_names = list(self.classifier.class_names)
 
     def _logits(self, images: list[Path | bytes | np.ndarray]) -> Outputs:
         prepare = self.classifier.preprocess
         arrays = [prepare(Image.fromarray(x) if isinstance(x, np.ndarray) else x) for x in images]
-        return self.classifier.run(np.stack(arrays))  # logits, and features where the score needs them
+        return self.classifier.run(np.stack(arrays))  # logits, and the features `run` takes by default
 
     def _answers(self, outputs: Outputs, top_k: int) -> list[Prediction]:
         classifier = self.classifier
         logits = outputs.logits
-        unknown, scores = classifier.unknown(outputs)
+        unknown, scores = classifier.unknown(outputs)  # room: unknown
         k = len(self.class_names) if classifier.multilabel else top_k
         answers = []
         for i, probabilities in enumerate(classifier.probabilities_of(logits)):
@@ -248,13 +275,15 @@ class ExportModel(_Predicting):
                 chosen = [n for n, p in pairs if p >= classifier.threshold]
                 answers.append(Prediction(names[0], names, probs, chosen))
                 continue
+            answer = Prediction(names[0], names, probs, [names[0]])
+            # room: unknown begin
             score = None if scores is None else float(scores[i])
             reason = "" if score is None else classifier.calibration.reason(score)
             refused = bool(unknown[i])
             label = UNKNOWN if refused else names[0]
-            answers.append(
-                Prediction(label, names, probs, [] if refused else [label], refused, score, reason)
-            )
+            answer = Prediction(label, names, probs, [] if refused else [label], refused, score, reason)
+            # room: unknown end
+            answers.append(answer)
         return answers
 
 
@@ -262,7 +291,7 @@ class CheckpointModel(_Predicting):
     """A checkpoint's model in PyTorch (`.model`, an ImageClassifier in eval mode on the CPU), with the
     run's own preprocessing (image size, crop, resize filter) and its export's calibration, as `predict`.
 
-    `sidecar`: the export sidecar whose temperature and unknown threshold apply; `auto`: the
+    `sidecar`: the export sidecar whose calibration applies; `auto`: the
     checkpoint's export beside it (as `predict --predictions.sidecar=auto`); None: the plain softmax.
     """
 
@@ -270,7 +299,7 @@ class CheckpointModel(_Predicting):
         self,
         path: str | os.PathLike,
         sidecar: str | os.PathLike | None = "auto",
-        unknown_accept: float | None = None,
+        unknown_accept: float | None = None,  # room: unknown
     ) -> None:
         from project.callbacks.prediction_writer import export_of
         from project.checkpoint_io import load_checkpoint_file
@@ -291,12 +320,21 @@ class CheckpointModel(_Predicting):
             export_of(self.path) if sidecar == "auto" else Sidecar.load(Path(sidecar)) if sidecar else None
         )
         self.sidecar = found
-        self.calibration = found.calibration(unknown_accept) if found is not None else Calibration()
+        self.calibration = (
+            Calibration()
+            if found is None
+            else found.calibration(
+                unknown_accept,  # room: unknown
+            )
+        )
 
-    def _logits(self, images: list[Path | bytes | np.ndarray]) -> np.ndarray:
+    def _logits(self, images: list[Path | bytes | np.ndarray]) -> Any:
         import torch
 
+        # room: unknown begin
         from project.callbacks.prediction_writer import FirstView
+
+        # room: unknown end
         from project.data.decode import decode_chw, load_rgb
 
         tensors = []
@@ -308,20 +346,18 @@ class CheckpointModel(_Predicting):
             else:
                 tensors.append(torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))))
         batch = torch.stack([self.transform(t) for t in tensors])
-        # the plain image's logits and features, as `predict` takes them for the unknown verdict
-        view = FirstView(self.model.net, self.calibration.needs_features)
-        try:
-            with torch.no_grad():
-                logits = self.model.predict_step(
-                    (batch, None), 0
-                ).numpy()  # predict's own step (tta included)
-            plain = view.take(batch)
-        finally:
-            view.remove()
-        return logits, plain
+        with (
+            torch.no_grad(),
+            # the plain image's logits and features, as `predict` takes them for the unknown verdict
+            FirstView(self.model.net, self.calibration.needs_features) as view,  # room: unknown
+        ):
+            outputs = self.model.predict_step((batch, None), 0).numpy()  # predict's own step (tta included)
+            outputs = (outputs, view.take(batch))  # room: unknown
+        return outputs
 
-    def _answers(self, outputs: tuple[np.ndarray, Outputs], top_k: int) -> list[Prediction]:
-        logits, plain = outputs
+    def _answers(self, outputs: Any, top_k: int) -> list[Prediction]:
+        logits = outputs  # the logits of predict's own step
+        logits, plain = outputs  # room: unknown
         names = self.class_names
         if self.model.multilabel:
             probabilities = 1 / (1 + np.exp(-logits))
@@ -333,26 +369,25 @@ class CheckpointModel(_Predicting):
                 answers.append(Prediction(top[0], top, [float(p[i]) for i in order], chosen))
             return answers
         probabilities = self.calibration.probabilities(logits)
+        # room: unknown begin
         unknown, scored = self.calibration.verdict(plain)
         known, scores = ~unknown, np.zeros(len(logits)) if scored is None else scored
+        threshold = self.calibration.threshold is not None
+        # room: unknown end
         answers = []
-        for p, ok, score in zip(probabilities, known, scores, strict=True):
+        for i, p in enumerate(probabilities):
             order = np.argsort(-p, kind="stable")[: min(top_k, len(names))]
             top, probs = [names[i] for i in order], [float(p[i]) for i in order]
-            threshold = self.calibration.threshold is not None
+            answer = Prediction(top[0], top, probs, [top[0]])
+            # room: unknown begin
+            ok, score = known[i], scores[i]
             label = top[0] if ok else UNKNOWN
             reason = self.calibration.reason(float(score))
-            answers.append(
-                Prediction(
-                    label,
-                    top,
-                    probs,
-                    [label] if ok else [],
-                    not ok,
-                    float(score) if threshold else None,
-                    reason,
-                )
+            answer = Prediction(
+                label, top, probs, [label] if ok else [], not ok, float(score) if threshold else None, reason
             )
+            # room: unknown end
+            answers.append(answer)
         return answers
 
 

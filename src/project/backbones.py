@@ -73,8 +73,8 @@ def head_of(model: nn.Module) -> nn.Module:
 
 
 def feature_layer(model: nn.Module) -> nn.Linear | None:
-    """The classification layer when it is a Linear, whose input is then the penultimate features (what the
-    feature-space `unknown` score compares); None where it is not (squeezenet's convolution)."""
+    """The classification layer when it is a Linear, whose input is then the penultimate features (an
+    export's second output); None where it is not (squeezenet's convolution)."""
     head = head_of(model)
     return head if isinstance(head, nn.Linear) else None
 

@@ -188,6 +188,19 @@ ROOMS = {
         commands=("optimize",),
     ),
     # room: shards end
+    # room: unknown begin
+    "unknown": Room(
+        "the `unknown` answer for foreign images: a score (knn, energy, max_probability) and its threshold",
+        files=(
+            "src/project/deploy/unknown.py",
+            "src/project/deploy/feature_bank.py",
+            "src/project/export/fit_unknown.py",
+            "src/project/export/foreign.py",
+            "tests/test_unknown.py",
+            "bench/unknown.py",
+        ),
+    ),
+    # room: unknown end
     # room: new begin
     "new": Room(
         "`new` itself: making copies like this one (a task made from the template needs it no more)",

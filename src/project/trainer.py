@@ -181,7 +181,7 @@ class Trainer(L.Trainer):
         Args:
             model: Unused (the checkpoint holds the model); LightningCLI passes it.
             datamodule: Its validation images, when it has any on disk, are used for verification,
-                to fit the temperature and to choose the unknown threshold.
+                and to fit the calibration.
             ckpt_path: The checkpoint to export.
             output_dir: Where to write; default: next to the checkpoint.
             options: The fields of `project.export.ExportOptions` (`--opset`, `--quantize`, ...).

@@ -1,14 +1,17 @@
-"""Write `predict` results to a CSV: file, class_name, probability, the top-k classes, then why `unknown`.
+"""Write `predict` results to a CSV: file, class_name, probability, the top-k classes (`prediction_csv`).
 
 For a multi-label model: file, the predicted labels, and every label's probability. Under DDP the
 rows of every process are gathered: the CSV has each image exactly once, whatever the strategy.
 
 `predict_step` returns logits; probabilities are calibrated with the temperature of the
-checkpoint's export, and class_name is `unknown` below its unknown threshold, through
-`project.deploy.calibration` exactly as `infer` and `serve` do. The unknown score is that of the
-image as the export sees it: with test-time augmentation, of its plain view (the network's first run
-on each batch, its logits and features taken by hooks), so that predict and the export give every
-image the same verdict.
+checkpoint's export through `project.deploy.calibration`, exactly as `infer` and `serve` do.
+# room: unknown begin
+
+class_name is `unknown` below the export's unknown threshold, and `reason` says why. The unknown score
+is that of the image as the export sees it: with test-time augmentation, of its plain view (the
+network's first run on each batch, its logits and features taken by hooks), so that predict and the
+export give every image the same verdict.
+# room: unknown end
 """
 
 from __future__ import annotations
@@ -27,12 +30,28 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
 from project.atomic import atomic_files
+
+# room: unknown begin
 from project.backbones import feature_layer
+
+# room: unknown end
 from project.checkpoint_io import load_checkpoint_file
 from project.deploy import prediction_csv
-from project.deploy.calibration import UNKNOWN, Calibration, Outputs
+from project.deploy.calibration import (
+    Calibration,
+    Outputs,  # room: unknown
+)
+
+# room: unknown begin
 from project.deploy.feature_bank import descriptors
+
+# room: unknown end
 from project.deploy.sidecar import Sidecar, source_of
+
+# room: unknown begin
+from project.deploy.unknown import UNKNOWN
+
+# room: unknown end
 from project.errors import UserError
 from project.model import is_multilabel, label_names
 from project.terminal import printable
@@ -51,56 +70,61 @@ class PredictionWriter(BasePredictionWriter):
         output: str | None = None,
         top_k: int = 5,
         sidecar: str | None = "auto",
-        unknown_accept: float | None = None,
+        unknown_accept: float | None = None,  # room: unknown
     ) -> None:
         """
         Args:
             output: CSV file to write (replaced atomically when prediction finishes); null: a new
                 `predictions-<time>.csv` in the run's `logs/<run>/predict/`, beside its other outputs.
             top_k: How many of the most likely classes to list per image.
-            sidecar: The export sidecar (.json) whose temperature and unknown threshold apply;
-                `auto`: the newest export of --ckpt_path in its folder; null: plain softmax.
-            unknown_accept: Override the export's share of validation images accepted (0: never
-                `unknown`); null: the export's.
+            sidecar: The export sidecar (.json) whose calibration applies; `auto`: the newest export
+                of --ckpt_path in its folder; null: plain softmax.
         """
         super().__init__(write_interval="batch")
         self.output = Path(output) if output is not None else None
         self._target = self.output  # where this predict writes (on_predict_start)
         self.top_k = top_k
         self.sidecar = sidecar
-        self.unknown_accept = unknown_accept
+        self.unknown_accept = unknown_accept  # room: unknown
         self.calibration = Calibration()
         self._positions: list[torch.Tensor] = []
         self._probabilities: list[torch.Tensor] = []
         self._classes: list[torch.Tensor] = []
+        # room: unknown begin
         self._known: list[torch.Tensor] = []
         self._scores: list[torch.Tensor] = []  # the unknown scores, for the `reason` column
-        self._first_view: FirstView | None = None
+        # room: unknown end
+        self._first_view: FirstView | None = None  # room: unknown
 
     @override
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # on every rank: log_dir is a collective call under DDP
         self._target = self.output or new_csv(Path(trainer.log_dir or "."))
-        self._positions, self._probabilities, self._classes, self._known = [], [], [], []
-        self._scores = []
+        self._positions, self._probabilities, self._classes = [], [], []
+        self._known, self._scores = [], []  # room: unknown
         self.calibration = Calibration()
         tta = getattr(pl_module, "tta", "none")
         if tta != "none" and trainer.is_global_zero:
             print(
                 f"Predicting with test-time augmentation (--model.tta={tta}, the run's setting unless "
                 "given): each image's probabilities are the mean of its views' logits, which the "
-                "exports that `infer` and `serve` run do not compute, so their top classes can differ "
-                "(the `unknown` verdict is the plain image's, as theirs). --model.tta=none predicts as "
-                "they do."
+                "exports that `infer` and `serve` run do not compute, so their top classes can differ"
+                + " (the `unknown` verdict is the plain image's, as theirs)"  # room: unknown
+                + ". --model.tta=none predicts as they do."
             )
         if not is_multilabel(pl_module):
             found = self._export_sidecar(trainer)
             if found is not None:
                 _check_classes(found, self.sidecar, label_names(pl_module))
-                self.calibration = found.calibration(self.unknown_accept)
+                self.calibration = found.calibration(
+                    self.unknown_accept,  # room: unknown
+                )
+        # room: unknown begin
         net = getattr(pl_module, "net", None)  # a classifier of this project: take its plain view's outputs
         self._first_view = None if net is None else FirstView(net, self.calibration.needs_features)
+        # room: unknown end
 
+    # room: unknown begin
     @override
     def on_predict_batch_start(
         self,
@@ -112,6 +136,8 @@ class PredictionWriter(BasePredictionWriter):
     ) -> None:
         if self._first_view is not None:
             self._first_view.reset()
+
+    # room: unknown end
 
     def _export_sidecar(self, trainer: L.Trainer) -> Sidecar | None:
         """The sidecar to calibrate with, or None (said on stdout) when there is none."""
@@ -131,8 +157,9 @@ class PredictionWriter(BasePredictionWriter):
             print(
                 no_export_message(trainer.ckpt_path)
                 if trainer.ckpt_path
-                else "No --ckpt_path, so no export to calibrate with: probabilities are the plain softmax "
-                "and no image is `unknown`."
+                else "No --ckpt_path, so no export to calibrate with: probabilities are the plain softmax"
+                + " and no image is `unknown`"  # room: unknown
+                + "."
             )
         elif Path(found.source_checkpoint or "").resolve() != Path(trainer.ckpt_path).resolve():
             print(
@@ -155,25 +182,34 @@ class PredictionWriter(BasePredictionWriter):
         if prediction is None:  # every image of the batch was skipped as bad
             return
         logits = prediction.detach().float().cpu()
-        # the image as the export sees it: its plain view's logits (and features)
-        plain = self._first_view.take(batch[0]) if self._first_view else Outputs(logits.numpy())
         if is_multilabel(pl_module):  # every label's probability, in label order
             probabilities, classes = logits.sigmoid(), torch.empty(len(logits), 0, dtype=torch.long)
-            known = torch.ones(len(logits), dtype=torch.bool)
-            scores = torch.zeros(len(logits), dtype=torch.double)
         else:
             calibrated = torch.from_numpy(self.calibration.probabilities(logits.numpy()))
             probabilities, classes = calibrated.topk(self._k(pl_module), dim=1)
+        self._positions.append(batch[1].detach().cpu())
+        self._probabilities.append(probabilities.double())
+        self._classes.append(classes)
+        self._take_verdicts(logits, batch[0], is_multilabel(pl_module))  # room: unknown
+
+    # room: unknown begin
+    def _take_verdicts(self, logits: torch.Tensor, images: torch.Tensor, multilabel: bool) -> None:
+        """Keep whether each image of the batch is `unknown`, and its unknown score, judged on the image as
+        the export sees it: its plain view's logits (and features)."""
+        plain = self._first_view.take(images) if self._first_view else Outputs(logits.numpy())
+        if multilabel:
+            known = torch.ones(len(logits), dtype=torch.bool)
+            scores = torch.zeros(len(logits), dtype=torch.double)
+        else:
             unknown, scored = self.calibration.verdict(plain)
             known = torch.from_numpy(~unknown)
             scores = (
                 torch.zeros(len(logits), dtype=torch.double) if scored is None else torch.from_numpy(scored)
             )
-        self._positions.append(batch[1].detach().cpu())
-        self._probabilities.append(probabilities.double())
-        self._classes.append(classes)
         self._known.append(known)
         self._scores.append(scores)
+
+    # room: unknown end
 
     @override
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -182,22 +218,18 @@ class PredictionWriter(BasePredictionWriter):
         positions = _gather(trainer, pl_module, _cat(self._positions, (0,), torch.long))
         probabilities = _gather(trainer, pl_module, _cat(self._probabilities, (0, width), torch.double))
         classes = _gather(trainer, pl_module, _cat(self._classes, (0, 0 if multilabel else width)))
-        known = _gather(trainer, pl_module, _cat(self._known, (0,), torch.bool))
-        scores = _gather(trainer, pl_module, _cat(self._scores, (0,), torch.double))
-        self._positions, self._probabilities, self._classes, self._known = [], [], [], []
-        self._scores = []
+        columns = [positions, probabilities, classes]
+        # room: unknown begin
+        columns.append(_gather(trainer, pl_module, _cat(self._known, (0,), torch.bool)))
+        columns.append(_gather(trainer, pl_module, _cat(self._scores, (0,), torch.double)))
+        self._known, self._scores = [], []
+        # room: unknown end
+        self._positions, self._probabilities, self._classes = [], [], []
         if not trainer.is_global_zero:
             return
         # each image once, in the order of the file list: np.unique sorts and finds first occurrences
         order = np.unique(positions.numpy(), return_index=True)[1]
-        rows = zip(
-            positions[order].tolist(),
-            probabilities[order].tolist(),
-            classes[order].tolist(),
-            known[order].tolist(),
-            scores[order].tolist(),
-            strict=True,
-        )
+        rows = zip(*(column[order].tolist() for column in columns), strict=True)
         self._target.parent.mkdir(parents=True, exist_ok=True)
         with atomic_files(self._target) as [partial], prediction_csv.open_csv(partial) as f:
             self._write(csv.writer(f), trainer, pl_module, rows)
@@ -206,9 +238,11 @@ class PredictionWriter(BasePredictionWriter):
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # room: unknown begin
         if self._first_view is not None:
             self._first_view.remove()
             self._first_view = None
+        # room: unknown end
         if getattr(self, "_wrote", None):
             print(self._wrote)
             self._wrote = None
@@ -223,16 +257,27 @@ class PredictionWriter(BasePredictionWriter):
                 writer.writerow(prediction_csv.multilabel_row(file, names, probs, pl_module.threshold))
             return
         writer.writerow(prediction_csv.header(self._k(pl_module)))
-        for i, top_p, top_c, known, score in rows:
+        for i, top_p, top_c, *verdict in rows:
             file = relative_name(dataset.files[i], dataset.root)
             top = [names[c] for c in top_c]
-            if known:
-                writer.writerow(prediction_csv.row(file, top, top_p))
-            else:
+            # room: unknown begin
+            known, score = verdict
+            if not known:
                 writer.writerow(prediction_csv.row(file, top, top_p, UNKNOWN, self.calibration.reason(score)))
+                continue
+            # room: unknown end
+            writer.writerow(prediction_csv.row(file, top, top_p))
 
     def _k(self, pl_module: L.LightningModule) -> int:
         return min(self.top_k, len(label_names(pl_module)))
+
+
+# room: unknown begin
+# its help, where jsonargparse reads it (the docstring's Args; markers would show there)
+PredictionWriter.__init__.__doc__ += """    unknown_accept: Override the export's share of validation images
+                accepted (0: never `unknown`); null: the export's.
+"""
+# room: unknown end
 
 
 def export_of(ckpt_path: str | os.PathLike | None) -> Sidecar | None:
@@ -291,7 +336,8 @@ def _equal(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor]) -> boo
 def no_export_message(ckpt_path: str | os.PathLike) -> str:
     """What predict says when `ckpt_path` has no export: which file to pass instead."""
     ckpt = Path(ckpt_path).resolve()
-    plain = "probabilities are the plain softmax and no image is `unknown`"
+    plain = "probabilities are the plain softmax"
+    plain += " and no image is `unknown`"  # room: unknown
     others = [e for e in float_exports(ckpt.parent) if e[2].is_file()]
     if not others:
         return (
@@ -349,6 +395,7 @@ def new_csv(folder: Path) -> Path:
     return path
 
 
+# room: unknown begin
 class FirstView:
     """The logits and penultimate features (numpy) of the network's first run on each batch: the plain
     image, which the export's unknown score is fitted on (test-time augmentation runs its views after).
@@ -391,3 +438,12 @@ class FirstView:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+
+    def __enter__(self) -> FirstView:
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        self.remove()
+
+
+# room: unknown end

@@ -1,23 +1,16 @@
-"""Calibrated probabilities and the `unknown` answer from a model's outputs: numpy only, shared by all paths.
+"""Calibrated probabilities from a model's outputs: numpy only, shared by all paths.
 
 `predict` (Lightning), `infer` (onnxruntime) and `serve` turn outputs into answers through this
 module with the values `export` wrote into the sidecar, so the three agree to float rounding:
+probabilities are softmax(logits / temperature), the temperature fitted on the validation split.
+# room: unknown begin
 
-- probabilities: softmax(logits / temperature), the temperature fitted on the validation split;
-- the unknown score, higher meaning "more like the training classes": `knn` the cosine similarity
-  of the image's penultimate features to the 5th nearest training image's
-  (`project.deploy.feature_bank`), `energy` T * logsumexp(logits / T) (the negative free energy),
-  `max_probability` the top calibrated probability. `export` measures each on the validation split
-  and on foreign images it makes (`project.export.foreign`) and keeps the one that answers most of
-  those `unknown`, saying why in the sidecar;
-- the rule: an image whose score is below `unknown_threshold` is answered `unknown` (its class
-  probabilities are still reported). The threshold accepts the share `unknown_accept` of the
-  validation images; `unknown_quantiles` (the validation scores at shares 0, 1, ..., 100 %) let
-  a command choose another share without the data.
-
-`Calibration.reason` says in one sentence why an image is `unknown` (which score, its value against
-the threshold, and the share of validation images the threshold accepts): every output carries it, so
-that a high probability answered `unknown` does not read as a bug.
+An image whose unknown score (`project.deploy.unknown`) is below the sidecar's `unknown_threshold`
+is answered `unknown` (its class probabilities are still reported). `Calibration.reason` says in one
+sentence why (which score, its value against the threshold, and the share of validation images the
+threshold accepts): every output carries it, so that a high probability answered `unknown` does not
+read as a bug.
+# room: unknown end
 """
 
 from __future__ import annotations
@@ -28,12 +21,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+# room: unknown begin
 from project.deploy.feature_bank import FeatureBank
+from project.deploy.unknown import FEATURE_SCORES, score, threshold_for
 
-UNKNOWN = "unknown"
-SCORES = ("knn", "energy", "max_probability")  # the order of preference where they measure alike
-FEATURE_SCORES = ("knn",)  # computed from the features, so only for an export that outputs them
-DEFAULT_ACCEPT = 0.95
+# room: unknown end
 
 
 class Outputs(NamedTuple):
@@ -56,53 +48,41 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return exp / exp.sum(axis=1, keepdims=True)
 
 
-def score(
-    logits: np.ndarray,
-    name: str,
-    temperature: float = 1.0,
-    features: np.ndarray | None = None,
-    bank: FeatureBank | None = None,
-) -> np.ndarray:
-    """The unknown score [N] of each image: higher means more like the training classes."""
-    if name == "max_probability":
-        return softmax(logits, temperature).max(axis=1)
-    if name == "energy":
-        scaled = np.asarray(logits, dtype=np.float64) / temperature
-        top = scaled.max(axis=1)
-        return temperature * (top + np.log(np.exp(scaled - top[:, None]).sum(axis=1)))
-    if name == "knn":
-        if features is None or bank is None:
-            raise ValueError("the knn score needs the model's features and the export's feature bank")
-        return bank.scores(features)
-    raise ValueError(f"unknown score {name!r}: expected one of {SCORES}")
-
-
-def quantiles(scores: np.ndarray) -> list[float]:
-    """The scores at shares 0, 1, ..., 100 % of `scores` (what a threshold for any share needs)."""
-    return [float(q) for q in np.quantile(np.asarray(scores, dtype=np.float64), np.linspace(0, 1, 101))]
-
-
-def threshold_for(table: list[float], accept: float) -> float:
-    """The score that accepts the share `accept` of the images `table` (from `quantiles`) describes."""
-    return float(np.interp(1.0 - accept, np.linspace(0, 1, len(table)), table))
-
-
 @dataclass(frozen=True)
 class Calibration:
     """What the sidecar says about turning outputs into answers (identity for an uncalibrated export)."""
 
     temperature: float = 1.0
+    # room: unknown begin
     score_name: str = "energy"
     threshold: float | None = None  # None: no image is answered unknown
     accept: float | None = None  # the share of validation images the threshold accepts, when known
     bank: FeatureBank | None = None  # the training images' features, for the knn score
+    # room: unknown end
 
     @classmethod
     def from_sidecar(
-        cls, meta: Mapping, accept: float | None = None, bank: FeatureBank | None = None
+        cls,
+        meta: Mapping,
+        # room: unknown begin
+        accept: float | None = None,
+        bank: FeatureBank | None = None,
+        # room: unknown end
     ) -> Calibration:
-        """The sidecar's calibration; `accept` (0 turns rejection off) overrides its share."""
-        temperature = float(meta.get("temperature") or 1.0)
+        """The sidecar's calibration."""
+        found = cls(float(meta.get("temperature") or 1.0))
+        found = found.with_rule(meta, accept, bank)  # room: unknown
+        return found
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        return softmax(logits, self.temperature)
+
+    # room: unknown begin
+    def with_rule(
+        self, meta: Mapping, accept: float | None = None, bank: FeatureBank | None = None
+    ) -> Calibration:
+        """This calibration with the sidecar's unknown rule; `accept` (0 turns rejection off) overrides its
+        share, and `bank` serves the knn score."""
         name = str(meta.get("unknown_score") or "energy")
         threshold = meta.get("unknown_threshold")
         table = meta.get("unknown_quantiles")
@@ -111,16 +91,13 @@ class Calibration:
         else:
             accept = meta.get("unknown_accept")
         if threshold is None:
-            return cls(temperature, name)
-        return cls(temperature, name, float(threshold), None if accept is None else float(accept), bank)
+            return Calibration(self.temperature, name)
+        return Calibration(self.temperature, name, float(threshold), _float_or_none(accept), bank)
 
     @property
     def needs_features(self) -> bool:
         """Whether the verdict needs the model's features (a feature-space score with a threshold)."""
         return self.threshold is not None and self.score_name in FEATURE_SCORES
-
-    def probabilities(self, logits: np.ndarray) -> np.ndarray:
-        return softmax(logits, self.temperature)
 
     def scores(self, logits: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
         return score(logits, self.score_name, self.temperature, features, self.bank)
@@ -149,3 +126,13 @@ class Calibration:
             f"{said} the threshold {self.threshold:.4f}, which accepts {self.accept:.0%} "
             "of the validation images"
         )
+
+    # room: unknown end
+
+
+# room: unknown begin
+def _float_or_none(value: object) -> float | None:
+    return None if value is None else float(value)
+
+
+# room: unknown end

@@ -2,7 +2,7 @@
 
 `infer` (files -> CSV) and `serve` (HTTP) both answer through `Classifier`: the same decoding as
 training (`project.data.decode`), the resize and centre crop of validation, the export's calibration
-and unknown threshold (`project.deploy.calibration`); `open_session` opens an .onnx file with
+(`project.deploy.calibration`); `open_session` opens an .onnx file with
 onnxruntime, and another export's file with the runtime RUNTIMES names for its suffix. Importing this
 module imports neither torch nor lightning.
 """
@@ -18,9 +18,18 @@ import numpy as np
 from PIL import Image
 
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
-from project.deploy.calibration import UNKNOWN, Outputs
+from project.deploy.calibration import Outputs
+
+# room: unknown begin
 from project.deploy.feature_bank import descriptors
+
+# room: unknown end
 from project.deploy.sidecar import Sidecar
+
+# room: unknown begin
+from project.deploy.unknown import UNKNOWN
+
+# room: unknown end
 from project.errors import UserError
 
 # Export files other than .onnx, by suffix: (their key in the sidecar's `files`, the module whose
@@ -36,29 +45,39 @@ RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling
 
 
 class Answer(NamedTuple):
-    """One image's answer: its top-k classes and probabilities, and whether it is `unknown`."""
+    """One image's answer: its top-k classes and probabilities (and whether it is `unknown`)."""
 
     path: Path
     names: list[str]
     probabilities: list[float]
+    # room: unknown begin
     unknown: bool = False
     score: float | None = None  # the unknown score, when the export has a threshold
     reason: str = ""  # why it is `unknown` (Calibration.reason); "" when it is not
+    # room: unknown end
 
     @property
     def class_name(self) -> str:
-        return UNKNOWN if self.unknown else self.names[0]
+        """The answer: the top class."""
+        if self.unknown:  # room: unknown
+            return UNKNOWN  # room: unknown
+        return self.names[0]
 
 
 class Classifier:
     """An exported model and its sidecar: `classify(paths)` -> Answer per file (top-k names, probabilities).
 
+    # room: unknown begin
     `unknown_accept` overrides the share of validation images the export's unknown threshold
     accepts (0: never answer `unknown`).
+    # room: unknown end
     """
 
     def __init__(
-        self, model: str | Path, threads: int | None = None, unknown_accept: float | None = None
+        self,
+        model: str | Path,
+        threads: int | None = None,
+        unknown_accept: float | None = None,  # room: unknown
     ) -> None:
         model = Path(model)
         sidecar = model.with_suffix(".json")
@@ -75,7 +94,9 @@ class Classifier:
         self.resize_to = self.sidecar.resize_to
         # Pillow's filters are the ones torch's antialiased uint8 resize reproduces (within a grey level)
         self.resample = RESAMPLING[self.sidecar.interpolation]
-        self.calibration = self.sidecar.calibration(unknown_accept)
+        self.calibration = self.sidecar.calibration(
+            unknown_accept,  # room: unknown
+        )
         self.session = open_session(model, threads)
         self.outputs = [output.name for output in self.session.get_outputs()]
         self._check_fits(model, sidecar)
@@ -86,12 +107,14 @@ class Classifier:
         Also the warm-up: the first run allocates and plans, here rather than in the first request.
         """
         fix = "keep each export's .onnx and .json together as `python -m project export` wrote them."
+        # room: unknown begin
         if self.calibration.needs_features and "features" not in self.outputs:
             raise UserError(
                 f"Model '{model}' has no 'features' output, but its sidecar '{sidecar}' answers `unknown` "
                 f"by the {self.calibration.score_name} score, which needs them.",
                 fix,
             )
+        # room: unknown end
         try:
             outputs = self.run(np.zeros((1, 3, self.size, self.size), dtype=np.uint8))
             logits = outputs.logits
@@ -108,6 +131,7 @@ class Classifier:
                 f"names {len(self.class_names)} classes in 'class_names'.",
                 fix,
             )
+        # room: unknown begin
         bank = self.calibration.bank
         if bank is not None and outputs.features.shape != (1, bank.dim):
             raise UserError(
@@ -115,6 +139,7 @@ class Classifier:
                 f"per image, but the feature bank its sidecar '{sidecar}' names holds {bank.blocks[0][1]}.",
                 fix,
             )
+        # room: unknown end
 
     @property
     def multilabel(self) -> bool:
@@ -148,15 +173,20 @@ class Classifier:
         return self.session.run(["logits"], {"images": batch})[0]
 
     def run(self, batch: np.ndarray, features: bool | None = None) -> Outputs:
-        """The model's logits [N, C] of a uint8 batch [N, 3, size, size], and where the unknown score needs
-        them (or `features` asks), its features beside the images' statistics (`feature_bank.descriptors`)."""
+        """The model's logits [N, C] of a uint8 batch [N, 3, size, size], and its features where `features`
+        asks."""
+        # room: unknown begin
+        # by default where the unknown score needs them, beside the images' statistics (`descriptors`)
         if features is None:
             features = self.calibration.needs_features
+        # room: unknown end
         names = ["logits", "features"] if features else ["logits"]
         outputs = Outputs.of(names, self.session.run(names, {"images": batch}))
-        if not features:
-            return outputs
-        return Outputs(outputs.logits, descriptors(outputs.features, batch))
+        # room: unknown begin
+        if features:
+            return Outputs(outputs.logits, descriptors(outputs.features, batch))
+        # room: unknown end
+        return outputs
 
     def probabilities_of(self, logits: np.ndarray) -> np.ndarray:
         """Calibrated probabilities (multi-label: a sigmoid per label) of logits [N, C]."""
@@ -167,11 +197,14 @@ class Classifier:
     def probabilities(self, batch: np.ndarray) -> np.ndarray:
         return self.probabilities_of(self.logits(batch))
 
+    # room: unknown begin
     def unknown(self, outputs: Outputs) -> tuple[np.ndarray, np.ndarray | None]:
         """(bool [N]: answered `unknown`, the unknown scores [N] or None when there is no threshold)."""
         if self.multilabel:
             return np.zeros(len(outputs.logits), dtype=bool), None
         return self.calibration.verdict(outputs)
+
+    # room: unknown end
 
     def top(self, probabilities: np.ndarray, k: int) -> tuple[list[str], list[float]]:
         """The k most probable class names of one image, most probable first, and their probabilities."""
@@ -206,11 +239,25 @@ class Classifier:
             if not chunk:
                 continue
             outputs = self.run(np.stack(arrays))
-            unknown, scores = self.unknown(outputs)
-            for i, (path, p) in enumerate(zip(chunk, self.probabilities_of(outputs.logits), strict=True)):
-                score = None if scores is None else float(scores[i])
-                reason = "" if score is None else self.calibration.reason(score)
-                yield Answer(path, *self.top(p, top_k), bool(unknown[i]), score, reason)
+            answers = [
+                Answer(path, *self.top(p, top_k))
+                for path, p in zip(chunk, self.probabilities_of(outputs.logits), strict=True)
+            ]
+            answers = self.with_verdicts(answers, outputs)  # room: unknown
+            yield from answers
+
+    # room: unknown begin
+    def with_verdicts(self, answers: list[Answer], outputs: Outputs) -> list[Answer]:
+        """`answers` with whether each is `unknown`, its unknown score and why."""
+        unknown, scores = self.unknown(outputs)
+        said = []
+        for i, answer in enumerate(answers):
+            score = None if scores is None else float(scores[i])
+            reason = "" if score is None else self.calibration.reason(score)
+            said.append(answer._replace(unknown=bool(unknown[i]), score=score, reason=reason))
+        return said
+
+    # room: unknown end
 
 
 def kind_of(model: str | Path) -> str:

@@ -1,17 +1,20 @@
 """Classify image files with an exported model: onnxruntime (or OpenVINO), numpy and Pillow only.
 
     python -m project infer --model checkpoints/<run>/latest.onnx [--top_k 5] [--output CSV] FILE_OR_DIR...
-                            [--unknown_accept SHARE]
+                            [--unknown_accept SHARE]  # room: unknown
 
 `--model` is the .onnx, or the OpenVINO IR (.xml) that `export --format openvino` writes beside it.
 The sidecar JSON next to the model gives the class names and the image size; files are decoded
 by training's rule (`project.data.decode`), the resize and centre crop match validation
 (torchvision's Resize + CenterCrop), and the model itself normalizes. A file that cannot be
 decoded is named on stderr with its reason, the others are still classified, and the exit status
-is then 1. Probabilities are calibrated with the export's temperature, and an image whose
-unknown score is below the export's threshold is answered `unknown` (its class probabilities
-still listed, and the `reason` column saying why), both by `project.deploy.calibration` as
-`predict` and `serve` do. Importing this module imports neither torch nor lightning.
+is then 1. Probabilities are calibrated with the export's temperature by `project.deploy.calibration`,
+as `predict` and `serve` do. Importing this module imports neither torch nor lightning.
+# room: unknown begin
+
+An image whose unknown score is below the export's threshold is answered `unknown` (its class
+probabilities still listed, and the `reason` column saying why).
+# room: unknown end
 """
 
 from __future__ import annotations
@@ -25,8 +28,12 @@ from project.atomic import atomic_files
 from project.data.decode import BadImageError  # numpy and Pillow only
 from project.data.index import list_images  # numpy only: keeps this module free of torch
 from project.deploy import prediction_csv
-from project.deploy.calibration import UNKNOWN
 from project.deploy.classifier import Classifier
+
+# room: unknown begin
+from project.deploy.unknown import UNKNOWN
+
+# room: unknown end
 from project.errors import CommandParser, UserError, exits_on_user_error
 from project.terminal import printable
 
@@ -56,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="inference threads (onnxruntime or OpenVINO)"
     )
+    # room: unknown begin
     parser.add_argument(
         "--unknown_accept",
         type=float,
@@ -63,18 +71,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="share of validation images accepted; below the threshold this gives, an image is "
         "`unknown` (default: the export's, usually 0.95; 0: never unknown)",
     )
+    # room: unknown end
     args = parser.parse_args(argv)
     if args.top_k < 1:  # 0 wrote rows without a class; -1 dropped the last one
         raise UserError(
             f"--top_k {args.top_k} is not a number of classes to list: it must be 1 or more.",
             "pass e.g. --top_k 5 (a number above the model's classes lists them all).",
         )
+    # room: unknown begin
     if args.unknown_accept is not None and not 0 <= args.unknown_accept <= 1:
         raise UserError(
             f"--unknown_accept {args.unknown_accept} is not a share from 0 to 1.",
             "pass e.g. --unknown_accept 0.95, or 0 to never answer unknown.",
         )
-    classifier = Classifier(args.model, args.threads, args.unknown_accept)
+    # room: unknown end
+    classifier = Classifier(
+        args.model,
+        args.threads,
+        args.unknown_accept,  # room: unknown
+    )
     files = image_files(args.inputs)
     if not files:
         raise UserError(f"no image files in {args.inputs}.", "pass image files or folders of images.")
@@ -105,8 +120,10 @@ def _print_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
         sys.stdout.reconfigure(errors=prediction_csv.ERRORS)
     for answer in classifier.classify(files, top_k, on_bad=skip):
         pairs = zip(answer.names, answer.probabilities, strict=True)
-        unknown = f"{UNKNOWN} ({answer.reason})\t" if answer.unknown else ""
-        line = f"{answer.path}\t{unknown}" + "\t".join(f"{n} {p:.4f}" for n, p in pairs)
+        cells = [str(answer.path), *(f"{n} {p:.4f}" for n, p in pairs)]
+        if answer.unknown:  # room: unknown
+            cells.insert(1, f"{UNKNOWN} ({answer.reason})")  # room: unknown
+        line = "\t".join(cells)
         # on a terminal, names are escaped (as ls does); a pipe gets every name's exact bytes
         print("\t".join(map(printable, line.split("\t"))) if tty else line)
 
@@ -138,8 +155,8 @@ def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
                     str(answer.path),
                     answer.names,
                     answer.probabilities,
-                    answer.class_name,
-                    answer.reason,
+                    answer.class_name,  # room: unknown
+                    answer.reason,  # room: unknown
                 )
                 writer.writerow(prediction_csv.row(*cells))
                 rows += 1

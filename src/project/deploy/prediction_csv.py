@@ -1,9 +1,11 @@
-"""The predictions CSV of `predict` and of the torch-free `infer`: file, class_name, probability, top-k, why.
+"""The predictions CSV of `predict` and of the torch-free `infer`: file, class_name, probability, top-k.
+# room: unknown begin
 
-class_name is `unknown` for an image below the export's unknown threshold (`project.deploy.calibration`);
-probability and the top-k columns still give its most probable classes, and `reason` says why (its
-score against the threshold, and the share of validation images the threshold accepts); `reason`
-is empty for an image answered with a class.
+Then `reason`: class_name is `unknown` for an image below the export's unknown threshold
+(`project.deploy.calibration`); probability and the top-k columns still give its most probable
+classes, and `reason` says why (its score against the threshold, and the share of validation images
+the threshold accepts); `reason` is empty for an image answered with a class.
+# room: unknown end
 
 Multi-label models write `file, labels, probability_<label>...` instead: the predicted labels
 (separated by spaces) and every label's sigmoid probability.
@@ -39,7 +41,8 @@ def header(k: int) -> list[str]:
     columns = ["file", "class_name", "probability"]
     for rank in range(1, k + 1):
         columns += [f"top{rank}_class", f"top{rank}_probability"]
-    return [*columns, "reason"]
+    columns.append("reason")  # room: unknown
+    return columns
 
 
 def multilabel_header(names: Sequence[str]) -> list[str]:
@@ -59,15 +62,22 @@ def row(
     file: str,
     names: Sequence[str],
     probabilities: Sequence[float],
+    # room: unknown begin
     class_name: str | None = None,
     reason: str = "",
+    # room: unknown end
 ) -> list[str]:
     """One image's row; `names` and `probabilities` are its top-k classes, most likely first.
 
+    # room: unknown begin
     `class_name` is the answer when it is not the top class (`unknown`: below the export's threshold),
     and `reason` says why (`Calibration.reason`).
+    # room: unknown end
     """
-    cells = [spreadsheet_cell(file), spreadsheet_cell(class_name or names[0]), f"{probabilities[0]:.6f}"]
+    answer = names[0]
+    answer = class_name or answer  # room: unknown
+    cells = [spreadsheet_cell(file), spreadsheet_cell(answer), f"{probabilities[0]:.6f}"]
     for name, probability in zip(names, probabilities, strict=True):
         cells += [spreadsheet_cell(name), f"{probability:.6f}"]
-    return [*cells, reason]
+    cells.append(reason)  # room: unknown
+    return cells

@@ -3,23 +3,27 @@
 `Sidecar` is that contract as a type. `export` builds one (`Sidecar.from_dict`) and writes it;
 infer, serve, `predict`, `--quantize int8` and `report` read one with `Sidecar.load`. Both go through
 `check`, the one validation: a sidecar may come from another machine or be edited by hand, and a
-wrong value does not fail loudly later (a negative temperature inverts the ranking, a NaN threshold
-answers every image `unknown`, a string where the class names belong lists its letters as
-classes), so each such value is refused with one message naming the file and the key. Whether the
-class names fit the model's outputs is checked where the model is loaded
-(`project.deploy.classifier.Classifier`).
+wrong value does not fail loudly later (a negative temperature inverts the ranking, a string where the
+class names belong lists its letters as classes), so each such value is refused with one message
+naming the file and the key. Whether the class names fit the model's outputs is checked where the
+model is loaded (`project.deploy.classifier.Classifier`).
 
 The format has a `version` (absent: 1, the sidecars written before it had one). A reader refuses a
 sidecar from a newer template, whose keys it may misread, with one message saying to upgrade. An
 export is written with the oldest version that reads it right (`version_for`): version 2 added
 `preprocessing.interpolation`, which a version 1 reader ignores (it resizes bilinear), so only an
-export that resizes otherwise (bicubic) is version 2; version 3 added the `knn` unknown score and its
-`feature_bank` (the file of training features beside the model), which an older reader cannot apply.
+export that resizes otherwise (bicubic) is version 2.
+# room: unknown begin
+
+A NaN `unknown_threshold` would answer every image `unknown`: the unknown keys are checked as the others.
+Version 3 added the `knn` unknown score and its `feature_bank` (the file of training features beside
+the model), which an older reader cannot apply.
+# room: unknown end
 """
 
 from __future__ import annotations
 
-import itertools
+import itertools  # room: unknown
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -27,18 +31,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# room: unknown begin
 from project.deploy import feature_bank
-from project.deploy.calibration import FEATURE_SCORES, SCORES, Calibration
+
+# room: unknown end
+from project.deploy.calibration import Calibration
+
+# room: unknown begin
+from project.deploy.unknown import FEATURE_SCORES, SCORES
+
+# room: unknown end
 from project.errors import UserError
 
 VERSION = 3  # the newest sidecar format this template writes; it reads this one and every older one
 INTERPOLATIONS = ("bilinear", "bicubic")  # the resize filters (absent: bilinear, as version 1 resized)
 TASKS = ("multiclass", "multilabel")
-QUANTILES = 101  # calibration.quantiles: shares 0, 1, ..., 100 %
 MAX_IMAGE_SIZE = 8192  # the resize before the crop stays below this too (a crop ratio near 0 would not)
 MAX_BINS = 1000  # reliability diagram bins (export writes 15)
+# room: unknown begin
+QUANTILES = 101  # unknown.quantiles: shares 0, 1, ..., 100 %
 # the fewest columns a feature bank row has: one network feature and the image statistics
 MIN_BANK_COLUMNS = 1 + sum(width for _, width in feature_bank.IMAGE_BLOCKS)
+# room: unknown end
 FIX = "export the checkpoint again with `python -m project export` (or correct the key)."
 
 
@@ -56,16 +70,15 @@ class Sidecar:
         task: `multiclass` (one softmax) or `multilabel` (a sigmoid per label).
         threshold: The probability from which a label is given (multi-label).
         temperature: Divides the logits before the softmax (1: uncalibrated).
-        unknown_score: `knn`, `energy` or `max_probability`; None: no calibration.
-        unknown_threshold: Below it an image is `unknown`; None: never.
-        unknown_quantiles: The validation images' scores at shares 0, 1, ..., 100 %.
-        unknown_accept: The share of validation images the threshold accepts.
+        unknown_score: `knn`, `energy` or `max_probability`; None: no calibration.  # room: unknown
+        unknown_threshold: Below it an image is `unknown`; None: never.  # room: unknown
+        unknown_quantiles: The validation images' scores at shares 0, 1, ..., 100 %.  # room: unknown
+        unknown_accept: The share of validation images the threshold accepts.  # room: unknown
         files: The export's files by target (`onnx`: its file name).
         source_checkpoint: The path of the checkpoint it was exported from.
         reliability: The reliability diagram's bins before and after the temperature.
-        feature_bank: The training features' file (`file`, beside the sidecar), its `rows`, `dim` and
-            `sha256`, for the `knn` score; None: the export has none.
-        path: Where the sidecar was read from (its folder holds the feature bank).
+        feature_bank: The knn score's training features: `file`, `rows`, `dim`, `sha256`.  # room: unknown
+        path: Where the sidecar was read from.
         version: The sidecar format's version.
         document: The JSON object as written, every key (what `to_dict` returns).
     """
@@ -77,14 +90,16 @@ class Sidecar:
     task: str = "multiclass"
     threshold: float = 0.5
     temperature: float = 1.0
+    # room: unknown begin
     unknown_score: str | None = None
     unknown_threshold: float | None = None
     unknown_quantiles: tuple[float, ...] | None = None
     unknown_accept: float | None = None
+    # room: unknown end
     files: Mapping[str, str] = field(default_factory=dict)
     source_checkpoint: str | None = None
     reliability: Mapping[str, Any] | None = None
-    feature_bank: Mapping[str, Any] | None = None
+    feature_bank: Mapping[str, Any] | None = None  # room: unknown
     path: Path | None = field(default=None, compare=False, repr=False)
     version: int = VERSION
     document: Mapping[str, Any] = field(default_factory=dict, repr=False)
@@ -93,7 +108,7 @@ class Sidecar:
     def from_dict(cls, meta: Any, path: Path | str) -> Sidecar:
         """`meta` (a sidecar's JSON object) checked by `check`; `path` names it in the messages."""
         check(meta, path)
-        quantiles = meta.get("unknown_quantiles")
+        quantiles = meta.get("unknown_quantiles")  # room: unknown
         return cls(
             class_names=tuple(meta["class_names"]),
             image_size=meta["image_size"],
@@ -102,14 +117,16 @@ class Sidecar:
             task=meta.get("task", "multiclass"),
             threshold=float(meta.get("threshold", 0.5)),
             temperature=float(meta.get("temperature") or 1.0),
+            # room: unknown begin
             unknown_score=meta.get("unknown_score"),
             unknown_threshold=_float_or_none(meta.get("unknown_threshold")),
             unknown_quantiles=None if quantiles is None else tuple(float(q) for q in quantiles),
             unknown_accept=_float_or_none(meta.get("unknown_accept")),
+            # room: unknown end
             files=dict(meta.get("files") or {}),
             source_checkpoint=source_of(meta),
             reliability=meta.get("reliability"),
-            feature_bank=meta.get("feature_bank"),
+            feature_bank=meta.get("feature_bank"),  # room: unknown
             path=Path(path),
             version=meta.get("version", 1),
             document=dict(meta),
@@ -136,15 +153,22 @@ class Sidecar:
         """The short side before the centre crop, as validation resized."""
         return round(self.image_size / self.crop_ratio)
 
-    def calibration(self, accept: float | None = None) -> Calibration:
-        """The temperature and unknown threshold to apply; `accept` (0: off) overrides the share.
+    def calibration(
+        self,
+        accept: float | None = None,  # room: unknown
+    ) -> Calibration:
+        """The temperature to apply."""
+        calibration = Calibration.from_sidecar(self.document)
+        # room: unknown begin
+        # and the unknown threshold; `accept` (0: off) overrides the share. A `knn` score reads the feature
+        # bank beside the sidecar, checked (`FeatureBank.load`).
+        calibration = calibration.with_rule(self.document, accept)
+        if calibration.needs_features:
+            calibration = calibration.with_rule(self.document, accept, self.bank())
+        # room: unknown end
+        return calibration
 
-        A `knn` score reads the feature bank beside the sidecar, checked (`FeatureBank.load`)."""
-        calibration = Calibration.from_sidecar(self.document, accept)
-        if not calibration.needs_features:
-            return calibration
-        return Calibration.from_sidecar(self.document, accept, self.bank())
-
+    # room: unknown begin
     def bank(self) -> feature_bank.FeatureBank | None:
         """The feature bank beside the sidecar, checked (`FeatureBank.load`); None where it names none."""
         if self.feature_bank is None:
@@ -153,6 +177,8 @@ class Sidecar:
         return feature_bank.FeatureBank.load(
             where.parent / self.feature_bank["file"], dict(self.feature_bank), where
         )
+
+    # room: unknown end
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object to write: the document, unchanged (a round trip gives it back)."""
@@ -169,12 +195,16 @@ class Sidecar:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
 
-def version_for(interpolation: str, unknown_score: str | None = None) -> int:
-    """The sidecar version an export resized with `interpolation` and answering `unknown` by
-    `unknown_score` is written with: the oldest whose readers do as it does (version 1 readers resize
-    bilinear, version 2 readers know no feature-space score)."""
-    if unknown_score in FEATURE_SCORES:
+def version_for(
+    interpolation: str,
+    unknown_score: str | None = None,  # room: unknown
+) -> int:
+    """The sidecar version an export resized with `interpolation` is written with: the oldest whose
+    readers do as it does (version 1 readers resize bilinear)."""
+    # room: unknown begin
+    if unknown_score in FEATURE_SCORES:  # answering `unknown` by it: version 2 readers know no such score
         return 3
+    # room: unknown end
     return 1 if interpolation == "bilinear" else 2
 
 
@@ -217,6 +247,7 @@ def _crop(meta: dict) -> bool:
     return _number(ratio, 0, 1, low_open=True) and round(meta["image_size"] / ratio) <= MAX_IMAGE_SIZE
 
 
+# room: unknown begin
 def _increasing(table: Any) -> bool:
     return (
         isinstance(table, list)
@@ -246,6 +277,9 @@ def _bank_blocks(bank: dict) -> list[list[Any]]:
 
 def _sha256(digest: Any) -> bool:
     return isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+
+
+# room: unknown end
 
 
 def _whole(value: Any, low: int, high: int) -> bool:
@@ -288,8 +322,12 @@ def _reliability(value: Any) -> bool:
     return True
 
 
+# room: unknown begin
 def _float_or_none(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+# room: unknown end
 
 
 def _number(value: Any, low: float, high: float, low_open: bool = False, high_open: bool = False) -> bool:
@@ -351,6 +389,7 @@ RULES: tuple[Rule, ...] = (
         "a finite number > 0 (or null)",
         _optional("temperature", lambda v: _number(v, 0, math.inf, low_open=True)),
     ),
+    # room: unknown begin
     Rule(
         "unknown_score",
         f"one of {', '.join(SCORES)} (or null)",
@@ -434,6 +473,7 @@ RULES: tuple[Rule, ...] = (
         "the file's sha256, 64 lowercase hex digits",
         _bank(lambda bank: _sha256(bank.get("sha256"))),
     ),
+    # room: unknown end
     Rule(
         "files",
         "an object naming each exported file, e.g. the .onnx (or absent)",

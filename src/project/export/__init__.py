@@ -7,8 +7,9 @@
     onnx_target.py      ONNX, run by onnxruntime; pt2_target.py: torch.export's .pt2;
     openvino_target.py  `--format openvino`: an OpenVINO IR converted from the ONNX file  # room: openvino
     verify.py           the comparison with PyTorch on random and real images, and its bound
-    fit_calibration.py  the temperature and unknown threshold fitted on validation
-                        (`project.deploy.calibration` applies them, without torch)
+    fit_calibration.py  the temperature fitted on validation
+                        (`project.deploy.calibration` applies it, without torch)
+    fit_unknown.py      the unknown score and threshold, measured on foreign.py's images  # room: unknown
     quantize.py         `--quantize int8`: onnxruntime static quantization, measured
 
 Everything here needs torch; what runs an export lives in `project.deploy`, without it.

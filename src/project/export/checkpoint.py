@@ -25,7 +25,11 @@ from project.backbones import feature_layer
 from project.checkpoint_io import load_checkpoint_file
 from project.data.datamodule import DEFAULT_INTERPOLATION
 from project.data.transforms import MODES, Interpolation
+
+# room: unknown begin
 from project.deploy import feature_bank
+
+# room: unknown end
 from project.deploy.sidecar import Sidecar, version_for
 from project.errors import UserError
 from project.export.deployable import Deployable, export_program, load_for_export
@@ -36,6 +40,9 @@ from project.export.targets import Files, Source, Target, chosen
 from project.export.verify import ExportError, compare, load, verification_batches
 from project.metrics import MONITOR
 from project.model import ImageClassifier
+
+FEATURES_MEANING = "penultimate features (the classification layer's input)"  # the second output's
+FEATURES_MEANING += ", for the knn unknown score"  # room: unknown
 
 
 @dataclass(frozen=True)
@@ -126,8 +133,9 @@ def export_checkpoint(
     """Export `ckpt_path` next to it (or into `output_dir`); verify on random and real images.
 
     `options` are the fields of ExportOptions (checked there). With `datamodule` (its validation
-    images on disk) the sidecar also gets a temperature and an unknown threshold accepting the share
-    `unknown_accept` (0 or None: off) of validation images (`project.export.fit_calibration`);
+    images on disk) the sidecar also gets a temperature (`project.export.fit_calibration`)
+    and an unknown threshold accepting the share `unknown_accept` (0 or None: off)  # room: unknown
+    of validation images (`fit_unknown`);  # room: unknown
     `quantize="int8"` also writes `<stem>-int8.onnx` (`project.export.quantize`); `format=NAME`
     also writes the optional target NAME of project.export.targets (an OpenVINO IR: `<stem>.xml` + `.bin`).
     """
@@ -140,7 +148,8 @@ def export_checkpoint(
     deployable = Deployable(checkpoint.model).eval()
     metrics = export_metrics(checkpoint, deployable, datamodule)
     fitted = calibration(checkpoint, deployable, datamodule, settings)
-    extra = (feature_bank.SUFFIX,) if fitted.bank is not None else ()
+    extra: tuple[str, ...] = ()  # files beside the model's
+    extra = (feature_bank.SUFFIX,) if fitted.bank is not None else ()  # room: unknown
     final = final_paths(checkpoint, output_dir, targets, metrics, extra)
     source = Source(deployable, export_program(deployable, checkpoint.size), checkpoint.size, settings.opset)
     batches = verification_batches(checkpoint.size, checkpoint.crop_ratio, images, checkpoint.interpolation)
@@ -150,15 +159,20 @@ def export_checkpoint(
         exporters, verification = write_verified(source, partial, batches, targets)
         metadata = describe(checkpoint, settings.opset, verification, deployable) | exporters
         metadata |= {"metrics": metrics} | fitted.keys
-        metadata["version"] = version_for(checkpoint.interpolation, metadata.get("unknown_score"))
+        metadata["version"] = version_for(
+            checkpoint.interpolation,
+            metadata.get("unknown_score"),  # room: unknown
+        )
         metadata["versions"] |= {t.name: t.version() for t in targets if t.version is not None}
         metadata["files"] = {target.name: final[target.main].name for target in targets}
+        # room: unknown begin
         if fitted.bank is not None:
             data = fitted.bank.to_bytes()
             partial[feature_bank.SUFFIX].write_bytes(data)
             metadata["feature_bank"] = feature_bank.describe(
                 fitted.bank, final[feature_bank.SUFFIX].name, data
             )
+        # room: unknown end
         # checked as every reader checks it: a value no reader would take fails here, not there
         sidecar = Sidecar.from_dict(metadata, final["json"])
         partial["json"].write_text(sidecar.to_json())
@@ -221,7 +235,7 @@ def final_paths(
     metrics: dict,
     extra: tuple[str, ...] = (),
 ) -> dict[str, Path]:
-    """Where the targets' files, the `extra` ones (the feature bank) and the sidecar (`json`, last) go, by
+    """Where the targets' files, the `extra` ones beside them and the sidecar (`json`, last) go, by
     suffix: `<run>-<metric>=<score>-<time>.<suffix>`, the first of `metrics` (export_metrics) when it is
     the export's own."""
     monitor, score = next(iter(metrics.items()))
@@ -282,10 +296,12 @@ def calibration(
         checkpoint.size,
         checkpoint.crop_ratio,
         checkpoint.model.multilabel,
-        settings.unknown_accept,
-        settings.unknown_score,
         checkpoint.interpolation,
-        checkpoint.model.label_names,
+        # room: unknown begin
+        accept=settings.unknown_accept,
+        score_name=settings.unknown_score,
+        class_names=checkpoint.model.label_names,
+        # room: unknown end
     )
 
 
@@ -315,8 +331,7 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict, deployable:
                 "features_output": {
                     "name": "features",
                     "shape": ["N", feature_layer(model.net).in_features],
-                    "meaning": "penultimate features (the classification layer's input), for the knn "
-                    "unknown score",
+                    "meaning": FEATURES_MEANING,
                 }
             }
             if deployable.features

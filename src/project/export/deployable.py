@@ -14,8 +14,9 @@ OUTPUTS = ["logits", "features"]  # what the exported graphs name their outputs,
 class Deployable(nn.Module):
     """uint8 images -> (logits, features): the model's own normalization followed by the network.
 
-    The features are the network's penultimate ones (the input of its classification layer), which the
-    feature-space `unknown` score compares with the training images' (`project.deploy.feature_bank`).
+    The features are the network's penultimate ones (the input of its classification layer): what an
+    image looks like to the network, beside what it answers.
+    The `unknown` score compares them with the training images' (`feature_bank`).  # room: unknown
     A network whose classification layer is not a Linear has none: then, and with `features=False`,
     the output is the logits alone.
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from project.deploy.calibration import DEFAULT_ACCEPT, SCORES
+# room: unknown begin
+from project.deploy.unknown import DEFAULT_ACCEPT, SCORES
+
+# room: unknown end
 from project.errors import UserError
 from project.export.targets import FORMATS
 
@@ -22,26 +25,22 @@ class ExportOptions:
 
     Args:
         opset: ONNX opset version.
-        unknown_accept: Share of validation images the unknown threshold accepts; below it
-            infer/serve/predict answer `unknown`. 0 or null: no rejection.
-        unknown_score: What the threshold applies to: `auto` (the score that answers the most of the
-            foreign images export makes `unknown`), `knn` (features), `energy` or `max_probability`.
         quantize: `int8`: also write `<name>-int8.onnx` (static quantization), measured against
             the float model.
-        calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
-            `unknown`).
+        calibrate: Fit the temperature on the validation split (false: plain softmax).
         format: `openvino`: also write an OpenVINO IR (`<name>.xml` + `.bin`) from the ONNX
             file, verified against PyTorch the same way (needs `pip install openvino`).
     """
 
     opset: int = 18
-    unknown_accept: float | None = DEFAULT_ACCEPT
-    unknown_score: Literal["auto", "knn", "energy", "max_probability"] = "auto"
+    unknown_accept: float | None = DEFAULT_ACCEPT  # room: unknown
+    unknown_score: Literal["auto", "knn", "energy", "max_probability"] = "auto"  # room: unknown
     quantize: Literal["int8"] | None = None
     calibrate: bool = True
     format: Format = "onnx"
 
     def __post_init__(self) -> None:
+        # room: unknown begin
         if self.unknown_accept is not None and not 0 <= self.unknown_accept <= 1:
             raise UserError(
                 f"unknown_accept={self.unknown_accept} is not a share from 0 to 1.",
@@ -53,6 +52,7 @@ class ExportOptions:
                 f"unknown_score={self.unknown_score!r} is not a known score.",
                 f"pass auto or one of {', '.join(SCORES)}.",
             )
+        # room: unknown end
         if self.format not in get_args(Format):
             raise UserError(
                 f"format={self.format!r} is not an export target.",
@@ -62,3 +62,14 @@ class ExportOptions:
             raise UserError(
                 f"quantize={self.quantize!r} is not supported.", "pass --quantize int8, or leave it out."
             )
+
+
+# room: unknown begin
+# the unknown options' help, where jsonargparse reads it (the docstring's Args; markers would show there)
+ExportOptions.__doc__ += """
+        unknown_accept: Share of validation images the unknown threshold accepts; below it
+            infer/serve/predict answer `unknown`. 0 or null: no rejection.
+        unknown_score: What the threshold applies to: `auto` (the score that answers the most of the
+            foreign images export makes `unknown`), `knn` (features), `energy` or `max_probability`.
+"""
+# room: unknown end

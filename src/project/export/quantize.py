@@ -6,8 +6,9 @@ training images preprocessed exactly as `infer` preprocesses (decode, resize, ce
 written beside the float model as `<name>-int8.onnx` with its own sidecar: the float sidecar plus
 what was measured on the validation split (the share of images whose top-1 agrees with the float
 model, the accuracy of each; for a multi-label model the share of label decisions, at the
-sidecar's threshold) and the latency of each at batch 1 and 8. Its temperature and unknown
-threshold are fitted again on its own validation logits. `infer` and `serve` run it like any export.
+sidecar's threshold) and the latency of each at batch 1 and 8. Its temperature is fitted again on its
+own validation logits (and its unknown threshold, by the float export's score).  # room: unknown
+`infer` and `serve` run it like any export.
 """
 
 from __future__ import annotations
@@ -25,11 +26,23 @@ from project.atomic import atomic_files, atomic_symlink
 from project.data.dataset import collate_skipping_none
 from project.data.source import data_at_hand
 from project.data.transforms import Interpolation, eval_transform
-from project.deploy.calibration import FEATURE_SCORES, Outputs
+from project.deploy.calibration import Outputs
+
+# room: unknown begin
 from project.deploy.feature_bank import descriptors
+
+# room: unknown end
 from project.deploy.sidecar import Sidecar
+
+# room: unknown begin
+from project.deploy.unknown import FEATURE_SCORES
+
+# room: unknown end
 from project.errors import UserError
-from project.export import fit_calibration
+from project.export import (
+    fit_calibration,
+    fit_unknown,  # room: unknown
+)
 
 CALIBRATION_IMAGES = 256
 LATENCY_BATCHES = (1, 8)
@@ -155,15 +168,21 @@ def measure(
         )
     except ValueError as e:
         return not_measured(result, str(e))
+    names = ["logits"]
+    # room: unknown begin
     features = float_sidecar.unknown_score in FEATURE_SCORES  # the int8 model's, for its own threshold
-    names = ["logits", "features"] if features else ["logits"]
-    float_logits, int8_logits, int8_features, labels = [], [], [], []
+    names = ["logits", "features"] if features else names
+    int8_features = []
+    # room: unknown end
+    float_logits, int8_logits, labels = [], [], []
     for images, targets in fit_calibration.good_batches(loader):
         batch = images.numpy()
         float_logits.append(float_session.run(["logits"], {"images": batch})[0])
         int8_outputs = Outputs.of(names, int8_session.run(names, {"images": batch}))
         int8_logits.append(int8_outputs.logits)
+        # room: unknown begin
         int8_features.append(None if not features else descriptors(int8_outputs.features, batch))
+        # room: unknown end
         labels.append(targets.numpy())
     if not labels:  # --data.skip_bad_images left every one out: nothing to compare
         return not_measured(
@@ -180,23 +199,30 @@ def measure(
     }
     if multilabel:
         result["measured_as"] = "share of label decisions (at the sidecar's threshold) that agree"
-    if not multilabel and float_sidecar.unknown_quantiles is not None:
-        accept = float_sidecar.unknown_accept
+    if not multilabel and float_sidecar.reliability is not None:  # the float export was calibrated
         logits, labels = torch.from_numpy(q), torch.from_numpy(y)
         temperature = fit_calibration.fit_temperature(logits, labels)
         if temperature >= fit_calibration.MAX_TEMPERATURE:  # refused as for the float model
             result |= fit_calibration.skipped(fit_calibration.flattening(logits, labels))
         else:
-            evidence = fit_calibration.Evidence(
+            # room: unknown begin
+            evidence = fit_unknown.Evidence(
                 np.concatenate(int8_features) if features else None,
                 float_sidecar.bank() if features else None,
             )
+            unknown = fit_unknown.Request(float_sidecar.unknown_accept, float_sidecar.unknown_score, evidence)
+            # room: unknown end
             fitted = fit_calibration.calibrate(
-                logits, labels, accept, float_sidecar.unknown_score, temperature, evidence
+                logits,
+                labels,
+                temperature,
+                unknown,  # room: unknown
             )
+            # room: unknown begin
             # the float export's choice of score and its figures stand: only the threshold is the int8's own
             for key in ("unknown_scores", "unknown_choice", "unknown_foreign_images"):
                 fitted.pop(key)
+            # room: unknown end
             result |= fitted
     return result
 

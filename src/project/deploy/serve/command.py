@@ -50,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
     p.add_argument("--top_k", type=int, default=5, help="classes per answer unless ?top_k= says otherwise")
+    # room: unknown begin
     p.add_argument(
         "--unknown_accept",
         type=float,
@@ -57,6 +58,7 @@ def parser() -> argparse.ArgumentParser:
         help="share of validation images accepted; below the threshold this gives, the answer's "
         "class_name is `unknown` (default: the export's, usually 0.95; 0: never unknown)",
     )
+    # room: unknown end
     add_batching(p)
     add_limits(p)
     access = p.add_argument_group("access")
@@ -142,8 +144,10 @@ def check(args: argparse.Namespace) -> None:
     if args.threads is not None:
         positive_int("threads", args.threads)
     require(0 <= args.port <= 65535, "port", args.port, "a port number from 0 to 65535")
+    # room: unknown begin
     if args.unknown_accept is not None:
         require(0 <= args.unknown_accept <= 1, "unknown_accept", args.unknown_accept, "a share from 0 to 1")
+    # room: unknown end
     require(args.max_wait_ms >= 0, "max_wait_ms", args.max_wait_ms, "a number of milliseconds >= 0")
     for name in (
         "max_body_mb",
@@ -295,7 +299,11 @@ def serve(args: argparse.Namespace) -> None:
     from project.deploy.serve.models import ModelSlot
 
     return_freed_bodies()
-    slot = ModelSlot(Path(args.model), args.threads, args.unknown_accept)
+    slot = ModelSlot(
+        Path(args.model),
+        args.threads,
+        args.unknown_accept,  # room: unknown
+    )
     sock = bind(args.host, args.port)
     max_connections = connection_cap(args.max_connections)
     banner = banner_of(args, slot.current.version, sock.getsockname()[:2], max_connections)

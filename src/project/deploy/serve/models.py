@@ -26,7 +26,11 @@ class LoadedModel:
     loaded_at: str
 
 
-def load_model(model: Path, threads: int | None = None, unknown_accept: float | None = None) -> LoadedModel:
+def load_model(
+    model: Path,
+    threads: int | None = None,
+    unknown_accept: float | None = None,  # room: unknown
+) -> LoadedModel:
     """Load and warm up the export `model` points at; UserError naming the file when it cannot."""
     resolved = model.resolve()
     if not resolved.is_file():
@@ -36,7 +40,11 @@ def load_model(model: Path, threads: int | None = None, unknown_accept: float | 
             "pass --model PATH to an .onnx (or .xml) written by `python -m project export`, "
             "or point the link at one.",
         )
-    classifier = Classifier(resolved, threads, unknown_accept)
+    classifier = Classifier(
+        resolved,
+        threads,
+        unknown_accept,  # room: unknown
+    )
     named = classifier.sidecar.files.get(kind_of(resolved))
     if named is not None and named != resolved.name:
         raise UserError(
@@ -54,11 +62,16 @@ class ModelSlot:
     it is freed when the last of them is answered.
     """
 
-    def __init__(self, model: Path, threads: int | None = None, unknown_accept: float | None = None) -> None:
+    def __init__(
+        self,
+        model: Path,
+        threads: int | None = None,
+        unknown_accept: float | None = None,  # room: unknown
+    ) -> None:
         self.model = model
-        self.threads = threads
-        self.unknown_accept = unknown_accept
-        self.current = load_model(model, threads, unknown_accept)
+        self.options = (threads,)  # what each load of the model is given
+        self.options += (unknown_accept,)  # room: unknown
+        self.current = load_model(model, *self.options)
         self.reloads = 0
         self.failed_reloads = 0
         self._lock = asyncio.Lock()  # two reloads at once would load the same file twice
@@ -71,7 +84,7 @@ class ModelSlot:
         """(old, new) after loading `model` again; on any error the current model stays."""
         async with self._lock:
             try:  # in a thread: requests go on being answered by the current model meanwhile
-                new = await asyncio.to_thread(load_model, self.model, self.threads, self.unknown_accept)
+                new = await asyncio.to_thread(load_model, self.model, *self.options)
             except Exception:  # a UserError, or anything unforeseen: counted all the same
                 self.failed_reloads += 1
                 raise

@@ -12,9 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from project.deploy.calibration import UNKNOWN, Outputs
+from project.deploy.calibration import Outputs
 from project.deploy.serve import bodies
 from project.deploy.serve.models import LoadedModel
+
+# room: unknown begin
+from project.deploy.unknown import UNKNOWN
+
+# room: unknown end
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,10 @@ def run_batch(items: Sequence[Prepared]) -> list[tuple[Outputs, int]]:
 
 
 def answer(model: LoadedModel, outputs: Outputs, top_k: int, batch_size: int) -> dict:
-    """The JSON answer for one image's outputs: calibrated top-k, `unknown` below the export's threshold."""
+    """The JSON answer for one image's outputs: its calibrated top-k classes.
+
+    An image below the export's threshold is answered `unknown`, saying why (`unknown`).  # room: unknown
+    """
     classifier = model.classifier
     probabilities = classifier.probabilities_of(outputs.logits[None])[0]
     names, probs = classifier.top(probabilities, top_k)
@@ -60,6 +68,8 @@ def answer(model: LoadedModel, outputs: Outputs, top_k: int, batch_size: int) ->
         "batch_size": batch_size,
     }
     if not classifier.multilabel:
+        result["class_name"] = names[0]
+        # room: unknown begin
         features = None if outputs.features is None else outputs.features[None]
         unknown, scores = classifier.unknown(Outputs(outputs.logits[None], features))
         result["class_name"] = UNKNOWN if unknown[0] else names[0]
@@ -72,6 +82,7 @@ def answer(model: LoadedModel, outputs: Outputs, top_k: int, batch_size: int) ->
                 "accept": calibration.accept,
                 "reason": calibration.reason(float(scores[0])) or None,  # why it is `unknown`
             }
+        # room: unknown end
     if model.classifier.multilabel:  # every label at or above the export's threshold, not only the top k
         threshold = model.classifier.threshold
         all_names = model.classifier.class_names
