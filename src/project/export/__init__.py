@@ -9,7 +9,7 @@
     verify.py           the comparison with PyTorch on random and real images, and its bound
     fit_calibration.py  the temperature and unknown threshold fitted on validation
                         (`project.deploy.calibration` applies them, without torch)
-    quantize.py         `--quantize int8`: onnxruntime static quantization, measured
+    quantize.py         `--quantize int8`: onnxruntime static quantization, measured  # room: int8
 
 Everything here needs torch; what runs an export lives in `project.deploy`, without it.
 """

@@ -26,8 +26,10 @@ class ExportOptions:
             infer/serve/predict answer `unknown`. 0 or null: no rejection.
         unknown_score: What the threshold applies to: `auto` (the score that answers the most of the
             foreign images export makes `unknown`), `knn` (features), `energy` or `max_probability`.
+        # room: int8 begin
         quantize: `int8`: also write `<name>-int8.onnx` (static quantization), measured against
             the float model.
+        # room: int8 end
         calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
             `unknown`).
         format: `openvino`: also write an OpenVINO IR (`<name>.xml` + `.bin`) from the ONNX
@@ -37,7 +39,7 @@ class ExportOptions:
     opset: int = 18
     unknown_accept: float | None = DEFAULT_ACCEPT
     unknown_score: Literal["auto", "knn", "energy", "max_probability"] = "auto"
-    quantize: Literal["int8"] | None = None
+    quantize: Literal["int8"] | None = None  # room: int8
     calibrate: bool = True
     format: Format = "onnx"
 
@@ -58,7 +60,9 @@ class ExportOptions:
                 f"format={self.format!r} is not an export target.",
                 f"pass --format {' or '.join(get_args(Format))}.",
             )
+        # room: int8 begin
         if self.quantize not in (None, "int8"):
             raise UserError(
                 f"quantize={self.quantize!r} is not supported.", "pass --quantize int8, or leave it out."
             )
+        # room: int8 end
