@@ -1,18 +1,6 @@
-"""Training recipes measured on CIFAR-10 JPEGs: a short run's warm-up, and EMA of the weights.
+"""Training recipes measured on CIFAR-10 JPEGs, one a command (`python bench/recipes.py RECIPE --help`).
 
     python bench/recipes.py warmup --cifar /tmp/cifar/cifar10 [--seeds 2]
-    python bench/recipes.py ema --cifar /tmp/cifar/cifar10 [--seeds 2] [--budget 00:00:03:00]
-
-`warmup`: the short run of a small folder (245 training images of 2 classes, 100 validation images
-each, the default model and schedule, batch 32, 2 epochs = 14 optimizer steps): the project as it is
-(warm-up at most 10% of the run, BatchNorm statistics from the batches seen), the same with the fixed
-50-step warm-up (`max_warmup_fraction` large), and with `--before-src OLD/src` an older checkout's
-code. Prints each arm's val/acc and how much the model's answer varies between images (the std of
-P(second class); 0 when every image gets the same answer).
-
-`ema`: resnet18 from scratch on a CIFAR-10 subset (500 training images a class, 100 validation) under
-one time budget (`--trainer.max_time`), without and with `--ema.decay=0.999`. Prints the last and best
-val/acc of each arm and the difference.
 
 The arms alternate (seed by seed), each a `python -m project fit` in an empty folder.
 """
@@ -82,6 +70,12 @@ def answer_spread(checkpoint: Path, root: Path) -> float:
 
 
 def warmup(cifar: Path, seeds: int, before: Path | None) -> None:
+    """A short run's warm-up: the short run of a small folder (245 training images of 2 classes, 100
+    validation images each, the default model and schedule, batch 32, 2 epochs = 14 optimizer steps): the
+    project as it is (warm-up at most 10% of the run, BatchNorm statistics from the batches seen), the
+    same with the fixed 50-step warm-up (`max_warmup_fraction` large), and with `--before-src OLD/src`
+    an older checkout's code. Prints each arm's val/acc and how much the model's answer varies between
+    images (the std of P(second class); 0 when every image gets the same answer)."""
     root = subset(cifar, Path(tempfile.mkdtemp(prefix="recipes-small-")), ["cat", "ship"], 245, 100)
     arms: dict[str, tuple[list[str], Path | None]] = {
         "now": ([], None),
@@ -105,7 +99,11 @@ def warmup(cifar: Path, seeds: int, before: Path | None) -> None:
         print(f"{arm}: mean val/acc {acc:.4f}, mean std of P(ship) {spread:.4f}")
 
 
+# room: ema begin
 def ema(cifar: Path, seeds: int, budget: str) -> None:
+    """EMA of the weights: resnet18 from scratch on a CIFAR-10 subset (500 training images a class, 100
+    validation) under one time budget (`--trainer.max_time`), without and with `--ema.decay=0.999`.
+    Prints the last and best val/acc of each arm and the difference."""
     classes = sorted(p.name for p in (cifar / "train").iterdir())
     root = subset(cifar, Path(tempfile.mkdtemp(prefix="recipes-cifar-")), classes, 5000, 100)
     arms = {"no EMA": [], "EMA 0.999": ["--ema.decay=0.999"]}
@@ -131,20 +129,25 @@ def ema(cifar: Path, seeds: int, budget: str) -> None:
     print(f"EMA minus none: last {ema_last - base_last:+.4f}, best {ema_best - base_best:+.4f}")
 
 
+# room: ema end
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=["warmup", "ema"])
-    parser.add_argument("--cifar", type=Path, required=True, help="cifar10/ with train/ and test/")
-    parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--budget", default="00:00:03:00", help="ema: each arm's --trainer.max_time")
-    parser.add_argument("--before-src", type=Path, help="warmup: also run the project from this src/ folder")
+    common = argparse.ArgumentParser(add_help=False)  # the options of every recipe
+    common.add_argument("--cifar", type=Path, required=True, help="cifar10/ with train/ and test/")
+    common.add_argument("--seeds", type=int, default=2)
+    recipes = parser.add_subparsers(dest="recipe", required=True)
+    recipe = recipes.add_parser("warmup", parents=[common], description=warmup.__doc__)
+    recipe.add_argument("--before-src", type=Path, help="also run the project from this src/ folder")
+    recipe.set_defaults(run=lambda args: warmup(args.cifar, args.seeds, args.before_src))
+    # room: ema begin
+    recipe = recipes.add_parser("ema", parents=[common], description=ema.__doc__)
+    recipe.add_argument("--budget", default="00:00:03:00", help="each arm's --trainer.max_time")
+    recipe.set_defaults(run=lambda args: ema(args.cifar, args.seeds, args.budget))
+    # room: ema end
     args = parser.parse_args()
-    if args.what == "warmup":
-        warmup(args.cifar, args.seeds, args.before_src)
-    else:
-        ema(args.cifar, args.seeds, args.budget)
+    args.run(args)
 
 
 if __name__ == "__main__":

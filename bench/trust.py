@@ -1,22 +1,23 @@
-"""Calibration, unknown rejection and int8 export, measured on real models and real images.
+"""Calibration and unknown rejection of exports, measured on real models and real images.
 
-    python bench/trust.py --cifar /tmp/cifar10 [--parts shapes cifar resnet224] [--work DIR]
+    python bench/trust.py --cifar /tmp/cifar10 [--parts shapes cifar] [--work DIR]
 
-Three models, each trained here with `python -m project fit` and exported with `--quantize int8`:
+Models, each trained here with `python -m project fit` and exported with `python -m project export`:
 
 - shapes: the default fit (mobilenet_v3_small, 64 px, 4 epochs on the embedded shapes);
 - cifar: resnet18 at 32 px on a CIFAR-10 subset (--cifar_per_class training images per class, 4 epochs);
-- resnet224: resnet18 trained 3 epochs at 64 px on the shapes, then fine-tuned 2 epochs at 224 px on
-  shapes drawn at 224 px (int8 speed and agreement at that size).
+- resnet224 (also a part): resnet18 trained 3 epochs at 64 px on the shapes, then fine-tuned  # room: int8
+  2 epochs at 224 px on shapes drawn at 224 px (int8 speed and agreement at that size).  # room: int8
 
-For each: the ECE before/after the temperature (from the sidecar), the int8 model's agreement,
-accuracies and latency at batch 1 and 8 (from its sidecar: float and int8 alternate in one
-process), and for shapes and cifar the unknown rejection: the threshold chosen on the validation
-split (95% accepted) for each score, then the share of *new* in-distribution images accepted and of
-images of the other data set rejected (CIFAR-10 test photos for shapes, drawn shapes for CIFAR-10),
-and the AUROC of each score at telling the two apart. The scores: `energy` and `max_probability`
-(what an export can use), and `feature_distance`, minus the Mahalanobis distance of the head's input
-to the nearest class mean (training features, shared covariance; measured here only).
+For each: the ECE before/after the temperature (from the sidecar), and for shapes and cifar the
+unknown rejection: the threshold chosen on the validation split (95% accepted) for each score, then
+the share of *new* in-distribution images accepted and of images of the other data set rejected
+(CIFAR-10 test photos for shapes, drawn shapes for CIFAR-10), and the AUROC of each score at telling
+the two apart. The scores: `energy` and `max_probability` (what an export can use), and
+`feature_distance`, minus the Mahalanobis distance of the head's input to the nearest class mean
+(training features, shared covariance; measured here only).
+Each is exported with `--quantize int8` too: the int8 model's agreement, accuracies and  # room: int8
+latency at batch 1 and 8 (from its sidecar: float and int8 alternate in one process).  # room: int8
 A model this bench already trained in --work is reused: a second run only measures again.
 """
 
@@ -47,6 +48,10 @@ from project.export.fit_unknown import separation
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+PARTS = ["shapes", "cifar"]
+PARTS.append("resnet224")  # room: int8
+EXPORT = []  # `export`'s own flags
+EXPORT.append("--quantize=int8")  # room: int8
 
 
 def project(work: Path, *args: str) -> None:
@@ -55,8 +60,8 @@ def project(work: Path, *args: str) -> None:
 
 
 def fit(work: Path, name: str, *flags: str, export: bool = True) -> Path:
-    """`fit` in `work` (unless this bench already trained it), then `export --quantize int8` of the
-    best checkpoint; the run's checkpoint folder."""
+    """`fit` in `work` (unless this bench already trained it), then `export` (with EXPORT's flags) of
+    the best checkpoint; the run's checkpoint folder."""
     run = work / "checkpoints" / name
     start = time.perf_counter()
     if not (run / "last.ckpt").is_file():
@@ -65,8 +70,8 @@ def fit(work: Path, name: str, *flags: str, export: bool = True) -> Path:
     if export:
         start = time.perf_counter()
         best = max(run.glob("epoch=*.ckpt"), key=lambda p: float(p.stem.split("val_acc=")[1]))
-        project(work, "export", f"--ckpt_path={best}", "--quantize=int8", *QUIET)
-        print(f"# {name}: export + int8 in {time.perf_counter() - start:.0f} s", flush=True)
+        project(work, "export", f"--ckpt_path={best}", *EXPORT, *QUIET)
+        print(f"# {name}: {' '.join(['export', *EXPORT])} in {time.perf_counter() - start:.0f} s", flush=True)
     return run
 
 
@@ -149,19 +154,24 @@ def rejection(
 # room: unknown end
 def summary(run: Path) -> dict:
     meta = json.loads((run / "latest.json").read_text())
-    int8 = json.loads((run / "latest-int8.json").read_text())
-    lat = int8["latency_ms"]
-    return {
+    result = {
         "temperature": meta["temperature"],
         "ece_before": meta["ece_before"],
         "ece_after": meta["ece_after"],
         "validation_images": meta.get("calibration_images"),
+    }
+    # room: int8 begin
+    int8 = json.loads((run / "latest-int8.json").read_text())
+    lat = int8["latency_ms"]
+    result |= {
         "agreement": int8["agreement"],
         "accuracy_float": int8["accuracy_float"],
         "accuracy_int8": int8["accuracy_int8"],
         "latency_ms": lat,
         "speedup": {b: lat["float"][b] / lat["int8"][b] for b in ("1", "8")},
     }
+    # room: int8 end
+    return result
 
 
 def cifar_subset(cifar: Path, folder: Path, train: int, val: int) -> Path:
@@ -179,7 +189,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cifar", type=Path, required=True, help="the cifar10/ folder (train/, test/)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-trust"))
-    parser.add_argument("--parts", nargs="+", default=["shapes", "cifar", "resnet224"])
+    parser.add_argument("--parts", nargs="+", default=PARTS)
     parser.add_argument("--cifar_per_class", type=int, default=1000)
     args = parser.parse_args()
     work = args.work.resolve()
@@ -216,6 +226,7 @@ def main() -> None:
         )
         # room: unknown end
         print(json.dumps(results["cifar"], indent=1), flush=True)
+    # room: int8 begin
     if "resnet224" in args.parts:
         # from scratch at 224 px this CPU trains too slowly: 3 epochs at 64 px on the 4,800 shapes,
         # then those weights (all but the head) fine-tuned for 2 epochs at 224 px on shapes drawn at 224
@@ -231,6 +242,7 @@ def main() -> None:
         run = fit(work, "resnet224", *flags)
         results["resnet224"] = summary(run)
         print(json.dumps(results["resnet224"], indent=1), flush=True)
+    # room: int8 end
     (work / "results.json").write_text(json.dumps(results, indent=1))
     print(f"results in {work / 'results.json'}")
 

@@ -302,7 +302,7 @@ def test_multilabel_csv_is_audited(tmp_path: Path, workdir: Path) -> None:
         ("--data.balance=sampler",),
         ("--data.balance=loss",),
         ("--data.mixup_alpha=0.2", "--data.cutmix_alpha=1.0"),
-        ("--ema.decay=0.99",),
+        ("--ema.decay=0.99",),  # room: ema
     ],
 )
 def test_fit_recipe_options_the_folds_do_not_use_are_refused(

@@ -21,7 +21,7 @@ from onnx import numpy_helper
 from project import export
 from project.data.datamodule import ImageDataModule
 from project.data.shapes import CLASSES
-from project.export import ExportError, export_checkpoint, onnx_target, quantize, verification_batches, verify
+from project.export import ExportError, export_checkpoint, onnx_target, verification_batches, verify
 from project.export import fit_calibration as calibrate
 from tests.helpers import fast_args, run_cli
 
@@ -241,7 +241,8 @@ def test_a_bad_validation_image_is_skipped_by_the_end_of_fit_export(
     truncated = next(case for case in CASES if case.kind == "truncated JPEG")
     truncated.make(root / "val" / CLASSES[0] / truncated.name)
     monkeypatch.chdir(tmp_path)
-    flags = ["--name=bad", "--export_best.enabled=true", "--export_best.quantize=int8"]
+    flags = ["--name=bad", "--export_best.enabled=true"]
+    flags.append("--export_best.quantize=int8")  # room: int8
     assert run_cli("fit", *fast_args(root, *flags, "--data.skip_bad_images=true")) == 0
     folder = tmp_path / "checkpoints" / "bad"
     meta = json.loads((folder / "latest.json").read_text())
@@ -251,7 +252,7 @@ def test_a_bad_validation_image_is_skipped_by_the_end_of_fit_export(
     assert (
         meta.get("calibration_images") == 24 or "on the 24 validation images" in meta["calibration_skipped"]
     )
-    assert json.loads((folder / "latest-int8.json").read_text())["validation_images"] == 24
+    assert json.loads((folder / "latest-int8.json").read_text())["validation_images"] == 24  # room: int8
 
 
 def with_logits_scaled(source: Path, target: Path, factor: float) -> Path:
@@ -362,10 +363,15 @@ def test_calibration_refuses_to_flatten_a_near_chance_model(
     assert "the model is near chance on the 24 validation images" in meta["calibration_skipped"]
     assert meta["temperature"] == 1.0 and meta["unknown_threshold"] is None
     data = ImageDataModule(root=str(shapes_root), image_size=32, batch_size=8, num_workers=0)
+    options = {}
+    options["quantize"] = "int8"  # room: int8
     exported = export_checkpoint(
-        run_dir(trained) / "last.ckpt", output_dir=tmp_path, datamodule=data, quantize="int8"
+        run_dir(trained) / "last.ckpt", output_dir=tmp_path, datamodule=data, **options
     )
     assert exported.metadata["temperature"] == 1.0 and exported.metadata["unknown_threshold"] is None
+    # room: int8 begin
+    from project.export import quantize
+
     int8 = json.loads((tmp_path / "latest-int8.json").read_text())
     assert "near chance" in int8["calibration_skipped"] and int8["unknown_threshold"] is None
     # the int8 model's own calibration (fitted when the float one was) is refused the same way
@@ -373,6 +379,7 @@ def test_calibration_refuses_to_flatten_a_near_chance_model(
     calibrated["unknown_score"] = "energy"
     measured = quantize.measure(exported.onnx, tmp_path / "latest-int8.onnx", data, 32, 0.875, calibrated)
     assert "near chance" in measured.get("calibration_skipped", "") and measured["unknown_threshold"] is None
+    # room: int8 end
     out = capsys.readouterr().out
     assert (
         f"Calibration skipped: the fitted temperature reached {calibrate.MAX_TEMPERATURE:g}, the upper bound"
@@ -397,11 +404,12 @@ def test_the_export_command_and_the_end_of_fit_export_take_the_same_options() ->
     command, callback = ArgumentParser(), ArgumentParser()
     command.add_method_arguments(Trainer, "export", skip={"model", "datamodule"})
     callback.add_class_arguments(ExportBest)
-    flags = ["--opset=17", "--quantize=int8"]
-    flags += ["--unknown_accept=0.9", "--unknown_score=max_probability"]  # room: unknown
+    given = {"opset": 17}
+    given |= {"unknown_accept": 0.9, "unknown_score": "max_probability"}  # room: unknown
+    given["quantize"] = "int8"  # room: int8
+    flags = [f"--{name}={value}" for name, value in given.items()]
     parsed = command.parse_args([*flags, "--calibrate=false", "--ckpt_path=x.ckpt"])
-    chosen = ExportOptions(17, quantize="int8", calibrate=False)
-    chosen = ExportOptions(17, 0.9, "max_probability", "int8", calibrate=False)  # room: unknown
+    chosen = ExportOptions(**given, calibrate=False)
     assert {k: v for k, v in vars(parsed).items() if k not in ("ckpt_path", "output_dir")} == vars(chosen)
     built = ExportBest(**vars(callback.parse_args([*flags, "--calibrate=false"])))
     assert built.options == chosen and built.enabled
@@ -483,31 +491,6 @@ def test_format_openvino_without_openvino_is_one_message_and_writes_nothing(
 
 
 # room: openvino end
-def test_int8_measurement_when_every_validation_image_is_bad_says_why(tmp_path: Path) -> None:
-    """With --data.skip_bad_images every validation image can be left out: nothing to compare, said so."""
-    from PIL import Image
-
-    from tests.exports import CLASSES, tiny_export
-
-    model = tiny_export(tmp_path, "m", seed=0)
-    for name in CLASSES:
-        (tmp_path / "data" / "train" / name).mkdir(parents=True)
-        Image.new("RGB", (8, 8)).save(tmp_path / "data" / "train" / name / "good.png")
-        (tmp_path / "data" / "val" / name).mkdir(parents=True)
-        (tmp_path / "data" / "val" / name / "bad.jpg").write_bytes(b"not an image")
-    data = ImageDataModule(root=str(tmp_path / "data"), skip_bad_images=True, num_workers=0)
-    meta = json.loads(model.with_suffix(".json").read_text())
-    measured = quantize.measure(model, model, data, meta["image_size"], 0.875, meta)
-    assert measured["agreement"] is None and measured["accuracy_int8"] is None
-    assert measured["measured"] == (
-        "every validation image was skipped as unreadable (--data.skip_bad_images)"
-    )
-    line = quantize.summary(tmp_path / "m-int8.onnx", measured, multilabel=False)
-    assert line.startswith(
-        f"int8 model {tmp_path / 'm-int8.onnx'}: not compared with float (every validation"
-    )
-
-
 @pytest.mark.slow
 def test_a_run_with_tta_exports_under_its_own_accuracy(workdir: Path, shapes_root: Path, capsys) -> None:
     """The export runs without test-time augmentation: its name and sidecar stated the checkpoint's score,

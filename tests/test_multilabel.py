@@ -145,7 +145,7 @@ def test_the_multilabel_config_trains_logs_per_label_metrics_predicts_and_export
 ) -> None:
     labels = multishapes / "labels.csv"
     args = fast_args(multishapes, "--name=ml", "--export_best.enabled=true", f"--data.labels_csv={labels}")
-    args.append("--export_best.quantize=int8")
+    args.append("--export_best.quantize=int8")  # room: int8
     assert run_cli("fit", "--config", str(CONFIG), *args) == 0
 
     tags = scalar_tags(workdir / "logs" / "ml")
@@ -197,6 +197,7 @@ def test_the_multilabel_config_trains_logs_per_label_metrics_predicts_and_export
             difference = float(other[f"probability_{name}"]) - float(row[f"probability_{name}"])
             assert abs(difference) <= 5 * DECODER_BOUND, (row["file"], name)
 
+    # room: int8 begin
     # the int8 export of a multi-label model: measured on its label decisions, and it runs
     int8 = json.loads((run / "latest-int8.json").read_text())
     assert int8["task"] == "multilabel" and int8["validation_images"] == 16
@@ -213,6 +214,7 @@ def test_the_multilabel_config_trains_logs_per_label_metrics_predicts_and_export
         [[float(by_int8[name][c]) - float(row[c]) for c in columns] for name, row in by_infer.items()]
     )
     assert np.abs(differences).mean() <= 0.05 and np.abs(differences).max() <= 0.25, differences
+    # room: int8 end
 
 
 BANDS = ("red", "green", "blue")

@@ -74,6 +74,14 @@ def test_every_room_owns_files_of_its_own_and_its_extras_exist() -> None:
     assert all(rel.startswith(f"src/{PACKAGE}/template/") for rel in shared), shared
 
 
+def test_every_room_name_can_be_written_in_a_marker() -> None:
+    """A name MARKER cannot read (a capital, a dash) would leave the room's marked lines in every copy."""
+    for name in ROOMS:
+        for marker in (f"# {R}: {name}", f"<!-- {R}: {name} begin -->", f"# {R}: other, {name}"):
+            found = MARKER.search(marker)
+            assert found is not None and name in marked_rooms(found), marker
+
+
 def test_every_marker_names_a_room_and_every_block_closes() -> None:
     problems = []
     for rel in files():

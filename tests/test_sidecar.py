@@ -49,8 +49,10 @@ def readers(folder: Path) -> dict[str, Callable[[], object]]:
     from project.deploy.serve.models import load_model
 
     # room: serve end
+    # room: int8 begin
     from project.export.quantize import quantize_export
 
+    # room: int8 end
     # room: report begin
     from project.report import write_reliability
 
@@ -60,12 +62,13 @@ def readers(folder: Path) -> dict[str, Callable[[], object]]:
         "infer": lambda: Classifier(folder / "m.onnx"),
         "serve": lambda: load_model(folder / "m.onnx"),  # room: serve
         "predict": lambda: export_of(folder / "last.ckpt"),  # the sidecar of the checkpoint predicted with
-        "quantize": lambda: quantize_export(folder / "m.onnx", datamodule=None),
+        "quantize": lambda: quantize_export(folder / "m.onnx", datamodule=None),  # room: int8
         "report": lambda: write_reliability(folder / "m.json", folder / "reliability.png"),  # room: report
     }
 
 
-READERS = ["infer", "predict", "quantize"]
+READERS = ["infer", "predict"]
+READERS.append("quantize")  # room: int8
 READERS.append("report")  # room: report
 READERS.append("serve")  # room: serve
 

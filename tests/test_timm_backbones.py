@@ -329,21 +329,24 @@ def timm_args(root: Path, *extra: str) -> list[str]:
 
 
 def kept_state(checkpoint: Path) -> dict:
-    """What a resume restores: weights, EMA, optimizer, schedule and loop state."""
+    """What a resume restores: weights, optimizer, schedule and loop state."""
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    keys = ("epoch", "global_step", "state_dict", "current_model_state", "averaging_state")
+    keys = ["epoch", "global_step", "state_dict"]
+    keys += ["current_model_state", "averaging_state"]  # room: ema
     return {k: saved[k] for k in (*keys, "optimizer_states", "lr_schedulers", "loops")}
 
 
 @pytest.fixture(scope="session")
 def timm_run(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path:
-    """Run `timm`: 2 epochs with an EMA, every epoch's checkpoint kept, exported at the end (calibrated,
-    int8); run `resumed`: the same from the first epoch's checkpoint. Returns the work folder."""
+    """Run `timm`: 2 epochs, every epoch's checkpoint kept, exported at the end (calibrated); run
+    `resumed`: the same from the first epoch's checkpoint. Returns the work folder."""
     work = tmp_path_factory.mktemp("timm-run")
-    args = timm_args(shapes_root, "--ema.decay=0.9", "--trainer.max_epochs=2", "--checkpoint.save_top_k=-1")
+    args = timm_args(shapes_root, "--trainer.max_epochs=2", "--checkpoint.save_top_k=-1")
+    args.append("--ema.decay=0.9")  # room: ema
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
-        exported = ["--export_best.enabled=true", "--export_best.quantize=int8"]
+        exported = ["--export_best.enabled=true"]
+        exported.append("--export_best.quantize=int8")  # room: int8
         assert run_cli("fit", *args, "--name=timm", *exported) == 0
         (work / "checkpoints" / "resumed").mkdir()
         first = next((work / "checkpoints" / "timm").glob("epoch=000-*.ckpt"))
@@ -362,6 +365,7 @@ def test_a_timm_run_resumed_from_last_ckpt_ends_as_the_uninterrupted_run(timm_ru
     torch.testing.assert_close(resumed, whole, rtol=0, atol=0)  # bit for bit
 
 
+# room: ema begin
 @pytest.mark.slow
 def test_a_timm_runs_ema_is_validated_and_reproduced_from_the_checkpoint(timm_run: Path, monkeypatch) -> None:
     from project.cli import ProjectCLI
@@ -378,6 +382,7 @@ def test_a_timm_runs_ema_is_validated_and_reproduced_from_the_checkpoint(timm_ru
         assert float(cli.trainer.callback_metrics["val/acc"]) == float(state["current_score"]), checkpoint
 
 
+# room: ema end
 def saved(checkpoint: Path) -> dict:
     return torch.load(checkpoint, map_location="cpu", weights_only=True)
 
@@ -392,7 +397,6 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
     timm_run: Path, shapes_root: Path, tmp_path: Path, workdir: Path
 ) -> None:
     """The model's own filter (test_efficientnet's pretrained config: bicubic) everywhere, calibrated."""
-    from project.deploy.classifier import Classifier
     from project.deploy.infer import main as infer_main
 
     # room: serve begin
@@ -443,7 +447,10 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
             float(row["top1_probability"]), abs=1e-6
         )
         # room: serve end
+    # room: int8 begin
     # int8: near chance after 6 steps, the top two classes are often close: the probabilities agree
+    from project.deploy.classifier import Classifier
+
     int8 = json.loads((run / "latest-int8.json").read_text())
     assert int8["validation_images"] == 24 and int8["agreement"] >= 0.5
     files = sorted(images.rglob("*.jpg"))
@@ -454,6 +461,7 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
         expected = dict(zip(f.names, f.probabilities, strict=True))
         assert max(abs(expected[c] - p) for c, p in zip(q.names, q.probabilities, strict=True)) < 0.1
     assert sum(f.names[0] == q.names[0] for f, q in zip(floats, quantized, strict=True)) >= 0.75 * len(files)
+    # room: int8 end
 
 
 # room: memory begin

@@ -1,4 +1,7 @@
-"""Trustworthy deployment: calibrated probabilities, the `unknown` answer, the int8 export, Grad-CAM."""
+"""Trustworthy deployment: calibrated probabilities, the `unknown` answer, Grad-CAM.
+
+The int8 export of the fit here is measured and run here too.  # room: int8
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,6 @@ from project.deploy import (
     calibration,
     unknown,  # room: unknown
 )
-from project.deploy.classifier import Classifier
 
 # room: unknown begin
 from project.deploy.infer import main as infer_main
@@ -45,7 +47,7 @@ CALIBRATION_KEYS = {
     "unknown_threshold",  # room: unknown
 }
 BINS_NEAR_CHANCE = 3  # the reliability bins of top probabilities below 0.2 (chance: 1/6)
-INT8_KEYS = {"agreement", "accuracy_float", "accuracy_int8", "latency_ms", "quantization"}
+INT8_KEYS = {"agreement", "accuracy_float", "accuracy_int8", "latency_ms", "quantization"}  # room: int8
 
 
 def test_the_fitted_temperature_lowers_the_ece_of_overconfident_logits() -> None:
@@ -101,14 +103,14 @@ def coloured(colour: tuple[int, int, int], rng: np.random.Generator, size: int =
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, colours_root: Path) -> Path:
-    """A fit whose end-of-fit export is calibrated and quantized; returns the run's checkpoint folder."""
+    """A fit whose end-of-fit export is calibrated; returns the run's checkpoint folder."""
     work = tmp_path_factory.mktemp("trust-work")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         flags = [
             "--name=t",
             "--export_best.enabled=true",
-            "--export_best.quantize=int8",
+            "--export_best.quantize=int8",  # room: int8
             "--trainer.max_epochs=2",
         ]
         assert run_cli("fit", *fast_args(colours_root, *flags)) == 0
@@ -244,8 +246,11 @@ def same_reason(a: str, b: str) -> bool:
 # room: unknown end
 
 
+# room: int8 begin
 @pytest.mark.slow
 def test_the_int8_export_is_measured_and_runs(trained: Path, pngs: Path) -> None:
+    from project.deploy.classifier import Classifier
+
     int8 = next(trained.glob("t-*-int8.onnx"))
     meta = json.loads(int8.with_suffix(".json").read_text())
     assert set(meta) >= INT8_KEYS | CALIBRATION_KEYS
@@ -273,6 +278,7 @@ def test_the_int8_export_is_measured_and_runs(trained: Path, pngs: Path) -> None
         assert top2.probabilities[0] >= top2.probabilities[1] and sum(top2.probabilities) <= 1 + 1e-9
 
 
+# room: int8 end
 # room: explain begin
 @pytest.mark.slow
 def test_predict_explain_writes_an_overlay_per_image(

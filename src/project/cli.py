@@ -22,7 +22,7 @@ from project.__main__ import COMMANDS, TRAINING
 from project.atomic import remove_partials
 from project.backbones import preprocessing
 from project.callbacks import (
-    EMA,
+    EMA,  # room: ema
     CheckpointPaths,
     ConfusionMatrix,
     DataCheck,
@@ -84,8 +84,8 @@ DRY = tuple(name for name, kind in TRAINING.items() if kind == "dry")
 FINDERS = tuple(name for name, kind in TRAINING.items() if kind == "finder")
 
 # Every callback of the template, in one table: flag group -> (class, defaults). Each is on in every
-# command, with its arguments as flags and YAML keys (`--ema.decay`, `ema: {decay: ...}`); those with
-# an `enabled` argument can be switched off. A new callback is one line here (docs/new-task.md).
+# command, with its arguments as flags and YAML keys (`--predictions.top_k`, `predictions: {top_k: ...}`);
+# those with an `enabled` argument can be switched off. A new callback is one line here (docs/new-task.md).
 # `trainer.callbacks` in a config or `--trainer.callbacks+=CLASS` is left for a run's extras (e.g.
 # configs/presets/early_stopping.yaml), so adding one never repeats these.
 CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
@@ -104,8 +104,10 @@ CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
         },
     ),
     "lr_monitor": (LearningRateMonitor, {"logging_interval": "step"}),
+    # room: ema begin
     # off unless --ema.decay: validation, checkpoints and the export get the averaged weights
     "ema": (EMA, {}),
+    # room: ema end
     "predictions": (PredictionWriter, {}),
     "explain": (GradCam, {}),  # room: explain
     "export_best": (ExportBest, {}),

@@ -150,6 +150,18 @@ ROOMS = {
         extras=("openvino",),
     ),
     # room: openvino end
+    # room: int8 begin
+    "int8": Room(
+        "`export --quantize int8`: an int8 ONNX model beside the float one, measured against it",
+        files=("src/project/export/quantize.py", "tests/test_int8.py"),
+    ),
+    # room: int8 end
+    # room: ema begin
+    "ema": Room(
+        "`--ema.decay`: an EMA of the weights, which validation, checkpoints and exports then use",
+        files=("src/project/callbacks/ema.py", "tests/test_ema.py"),
+    ),
+    # room: ema end
     # room: timm begin
     "timm": Room(
         "timm's models as backbones (`--model.backbone=timm/<name>`), weights from the Hugging Face hub",
@@ -218,7 +230,8 @@ ROOMS = {
 
 # `room: NAME` in a comment marks a line (`room: NAME, OTHER`: a line that goes with either room);
 # `room: NAME begin` ... `room: NAME end` a block of lines
-MARKER = re.compile(r"(?:#|<!--)\s*room:\s*(?P<name>[a-z_]+(?:,\s*[a-z_]+)*)(?:\s+(?P<edge>begin|end))?\b")
+NAME = r"[a-z][a-z0-9_]*"  # a room's name: lower-case letters, digits and _, a letter first
+MARKER = re.compile(rf"(?:#|<!--)\s*room:\s*(?P<name>{NAME}(?:,\s*{NAME})*)(?:\s+(?P<edge>begin|end))?\b")
 
 
 def rooms_of(path: str) -> frozenset[str]:

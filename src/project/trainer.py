@@ -184,7 +184,7 @@ class Trainer(L.Trainer):
                 and to fit the calibration.
             ckpt_path: The checkpoint to export.
             output_dir: Where to write; default: next to the checkpoint.
-            options: The fields of `project.export.ExportOptions` (`--opset`, `--quantize`, ...).
+            options: The fields of `project.export.ExportOptions` (`--opset`, `--calibrate`, ...).
         """
         images = validation_images(datamodule)
         result = export_checkpoint(

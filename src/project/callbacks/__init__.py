@@ -3,7 +3,11 @@
 from project.callbacks.checkpoint_paths import CheckpointPaths
 from project.callbacks.confusion_matrix import ConfusionMatrix
 from project.callbacks.data_check import DataCheck
+
+# room: ema begin
 from project.callbacks.ema import EMA
+
+# room: ema end
 from project.callbacks.epoch_lines import EpochLines
 from project.callbacks.export import ExportBest
 from project.callbacks.graceful_stop import GracefulStop
@@ -24,7 +28,7 @@ from project.callbacks.trackers import TrackerArtifacts
 from project.callbacks.training_images import TrainingImages
 
 __all__ = [
-    "EMA",
+    "EMA",  # room: ema
     "CheckpointPaths",
     "ConfusionMatrix",
     "DataCheck",

@@ -17,7 +17,7 @@ class ExportBest(Callback):
     """After fit: every export target + sidecar of the best checkpoint, verified, next to it (rank 0 only).
 
     Its options are those of the `export` command (`ExportOptions`), as `--export_best.opset`,
-    `--export_best.quantize`, ...; they are checked when the callback is built, before training.
+    `--export_best.calibrate`, ...; they are checked when the callback is built, before training.
     """
 
     def __init__(self, enabled: bool = True, **options: Any) -> None:

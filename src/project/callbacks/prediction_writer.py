@@ -304,11 +304,15 @@ def export_of(ckpt_path: str | os.PathLike | None) -> Sidecar | None:
 
 def float_exports(folder: Path) -> list[tuple[Path, dict, Path]]:
     """(sidecar, its JSON object, its source checkpoint resolved) of each float export in `folder`,
-    newest first; `latest.json` links and int8 exports are left out."""
+    newest first; `latest.json` links are left out."""
     found: list[tuple[float, Path, dict, Path]] = []
     for path in folder.glob("*.json"):
-        if path.is_symlink() or path.stem.endswith("-int8"):
+        if path.is_symlink():
             continue
+        # room: int8 begin
+        if path.stem.endswith("-int8"):  # an int8 export: its sidecar names its float model's checkpoint
+            continue
+        # room: int8 end
         try:
             meta = json.loads(path.read_text())
         except (ValueError, OSError):

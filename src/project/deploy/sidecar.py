@@ -1,12 +1,14 @@
 """An export's JSON sidecar: the contract between `export`, which writes it, and every reader.
 
 `Sidecar` is that contract as a type. `export` builds one (`Sidecar.from_dict`) and writes it;
-infer, serve, `predict`, `--quantize int8` and `report` read one with `Sidecar.load`. Both go through
-`check`, the one validation: a sidecar may come from another machine or be edited by hand, and a
-wrong value does not fail loudly later (a negative temperature inverts the ranking, a string where the
-class names belong lists its letters as classes), so each such value is refused with one message
-naming the file and the key. Whether the class names fit the model's outputs is checked where the
-model is loaded (`project.deploy.classifier.Classifier`).
+infer, serve, `predict` and `report` read one with `Sidecar.load`.
+`--quantize int8` reads the float model's and writes its own as export does (its agreement,  # room: int8
+accuracies and latency are keys that no reader checks, as `metrics` is).  # room: int8
+Both go through `check`, the one validation: a sidecar may come from another machine or be edited
+by hand, and a wrong value does not fail loudly later (a negative temperature inverts the ranking, a
+string where the class names belong lists its letters as classes), so each such value is refused
+with one message naming the file and the key. Whether the class names fit the model's outputs is
+checked where the model is loaded (`project.deploy.classifier.Classifier`).
 
 The format has a `version` (absent: 1, the sidecars written before it had one). A reader refuses a
 sidecar from a newer template, whose keys it may misread, with one message saying to upgrade. An

@@ -10,7 +10,7 @@
     fit_calibration.py  the temperature fitted on validation
                         (`project.deploy.calibration` applies it, without torch)
     fit_unknown.py      the unknown score and threshold, measured on foreign.py's images  # room: unknown
-    quantize.py         `--quantize int8`: onnxruntime static quantization, measured
+    quantize.py         `--quantize int8`: onnxruntime static quantization, measured  # room: int8
 
 Everything here needs torch; what runs an export lives in `project.deploy`, without it.
 """

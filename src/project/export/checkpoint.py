@@ -136,8 +136,9 @@ def export_checkpoint(
     images on disk) the sidecar also gets a temperature (`project.export.fit_calibration`)
     and an unknown threshold accepting the share `unknown_accept` (0 or None: off)  # room: unknown
     of validation images (`fit_unknown`);  # room: unknown
-    `quantize="int8"` also writes `<stem>-int8.onnx` (`project.export.quantize`); `format=NAME`
-    also writes the optional target NAME of project.export.targets (an OpenVINO IR: `<stem>.xml` + `.bin`).
+    `quantize="int8"` also writes `<stem>-int8.onnx` (`quantize.py`);  # room: int8
+    `format=NAME` also writes the optional target NAME of project.export.targets (an OpenVINO IR:
+    `<stem>.xml` + `.bin`).
     """
     settings = ExportOptions(**options)
     targets = chosen(settings.format)
@@ -177,10 +178,12 @@ def export_checkpoint(
         sidecar = Sidecar.from_dict(metadata, final["json"])
         partial["json"].write_text(sidecar.to_json())
     publish(final)
-    if settings.quantize == "int8":
+    # room: int8 begin
+    if settings.quantize == "int8":  # `<stem>-int8.onnx` beside the float model, measured against it
         from project.export.quantize import quantize_export
 
         quantize_export(final["onnx"], datamodule)
+    # room: int8 end
     files = {target.name: final[target.main] for target in targets}
     return Exported(files, final["json"], sidecar.to_dict())
 

@@ -25,8 +25,16 @@ class ExportOptions:
 
     Args:
         opset: ONNX opset version.
+        # room: unknown begin
+        unknown_accept: Share of validation images the unknown threshold accepts; below it
+            infer/serve/predict answer `unknown`. 0 or null: no rejection.
+        unknown_score: What the threshold applies to: `auto` (the score that answers the most of the
+            foreign images export makes `unknown`), `knn` (features), `energy` or `max_probability`.
+        # room: unknown end
+        # room: int8 begin
         quantize: `int8`: also write `<name>-int8.onnx` (static quantization), measured against
             the float model.
+        # room: int8 end
         calibrate: Fit the temperature on the validation split (false: plain softmax).
         format: `openvino`: also write an OpenVINO IR (`<name>.xml` + `.bin`) from the ONNX
             file, verified against PyTorch the same way (needs `pip install openvino`).
@@ -35,7 +43,7 @@ class ExportOptions:
     opset: int = 18
     unknown_accept: float | None = DEFAULT_ACCEPT  # room: unknown
     unknown_score: Literal["auto", "knn", "energy", "max_probability"] = "auto"  # room: unknown
-    quantize: Literal["int8"] | None = None
+    quantize: Literal["int8"] | None = None  # room: int8
     calibrate: bool = True
     format: Format = "onnx"
 
@@ -58,18 +66,9 @@ class ExportOptions:
                 f"format={self.format!r} is not an export target.",
                 f"pass --format {' or '.join(get_args(Format))}.",
             )
+        # room: int8 begin
         if self.quantize not in (None, "int8"):
             raise UserError(
                 f"quantize={self.quantize!r} is not supported.", "pass --quantize int8, or leave it out."
             )
-
-
-# room: unknown begin
-# the unknown options' help, where jsonargparse reads it (the docstring's Args; markers would show there)
-ExportOptions.__doc__ += """
-        unknown_accept: Share of validation images the unknown threshold accepts; below it
-            infer/serve/predict answer `unknown`. 0 or null: no rejection.
-        unknown_score: What the threshold applies to: `auto` (the score that answers the most of the
-            foreign images export makes `unknown`), `knn` (features), `energy` or `max_probability`.
-"""
-# room: unknown end
+        # room: int8 end
