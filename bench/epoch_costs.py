@@ -26,10 +26,14 @@ from pathlib import Path
 
 import torch
 
-from project import atomic, checkpoint_io, figures
+from project import atomic, checkpoint_io
+
+# room: pictures begin
 from project.callbacks.confusion_matrix import ConfusionMatrix
 from project.callbacks.misclassified import Misclassified
 from project.callbacks.training_images import TrainingImages
+
+# room: pictures end
 from project.cli import main as project_main
 
 SECONDS: dict[str, float] = collections.defaultdict(float)
@@ -53,13 +57,17 @@ def timed(owner: object, name: str, label: str) -> None:
 
 
 def instrument() -> None:
+    # room: pictures begin
+    from torch.utils.tensorboard import SummaryWriter
+
+    from project import figures
+
     timed(ConfusionMatrix, "on_validation_epoch_end", "pictures: confusion matrix (all)")
     timed(Misclassified, "on_validation_epoch_end", "pictures: misclassified grid (all)")
     timed(TrainingImages, "on_train_batch_start", "pictures: training images (all)")
     timed(figures, "to_rgb", "  of which matplotlib drawing (to_rgb)")
-    from torch.utils.tensorboard import SummaryWriter
-
     timed(SummaryWriter, "add_image", "  of which TensorBoard add_image (PNG)")
+    # room: pictures end
     timed(checkpoint_io.AtomicCheckpointIO, "save_checkpoint", "checkpoint saves (all)")
     timed(torch, "save", "  of which torch.save (to memory)")
     timed(atomic, "fsync_file", "  of which fsync of the file")

@@ -71,9 +71,9 @@ COMMON = (
     "--trainer.enable_progress_bar=false",
     "--trainer.enable_model_summary=false",
     "--export_best.enabled=false",
-    "--training_images.enabled=false",
-    "--misclassified.enabled=false",
-    "--confusion_matrix.enabled=false",
+    "--training_images.enabled=false",  # room: pictures
+    "--misclassified.enabled=false",  # room: pictures
+    "--confusion_matrix.enabled=false",  # room: pictures
 )
 
 

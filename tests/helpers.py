@@ -5,6 +5,7 @@ Fixtures stay in tests/conftest.py; these are plain functions and classes, impor
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -15,12 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
+import pytest
 import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.cli import main
+from project.cli import ProjectCLI, main
+from project.trainer import Trainer
 
 # Training, `validate`, `test` and `predict` decode with torchvision (JPEG) or Pillow and resize uint8
 # tensors with torchvision; `infer` and `serve` must stay torch-free, so they decode and resize with
@@ -66,6 +69,19 @@ def exit_status(entry: Callable[[list[str]], object], *args: str) -> int:
     finally:
         sys.argv = saved
     return 0
+
+
+def built_as_fit(*args: str) -> ProjectCLI:
+    """The CLI of `fit ARGS` with its model and data module built as fit builds them (defaults, links, the
+    backbone's data settings), without training: Trainer.fit does nothing; a fast_dev_run claims no run."""
+
+    @functools.wraps(Trainer.fit)  # the CLI reads fit's signature for its flags
+    def parsed_only(*_: object, **__: object) -> None:
+        return None
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "fit", parsed_only)
+        return ProjectCLI(args=["fit", *args, "--trainer.fast_dev_run=true"])
 
 
 def write_image(path: Path, mode: str = "RGB", size: tuple[int, int] = (20, 12), **save: object) -> Path:

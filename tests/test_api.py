@@ -30,7 +30,12 @@ from project.deploy.unknown import score
 
 # room: unknown end
 from project.model import ImageClassifier
-from tests.helpers import DECODER_BOUND, exit_status, fast_args, run_cli
+from tests.helpers import (
+    DECODER_BOUND,
+    exit_status,
+    fast_args,  # room: pictures
+    run_cli,
+)
 
 # predict and infer write probabilities with 6 decimals; on one path the answers are otherwise equal
 CSV_BOUND = 1e-6
@@ -118,6 +123,7 @@ def test_predict_hands_the_model_uint8_rgb_of_every_kind(tmp_path: Path) -> None
         assert np.array_equal(array[..., 1], gray)
 
 
+# room: pictures begin
 # ---- a look at the data -------------------------------------------------------------------------------
 
 
@@ -146,6 +152,7 @@ def test_a_mistake_in_python_is_an_exception_with_the_fix(shapes_root: Path, wor
         api.show_batch(*fast_args(shapes_root), overrides={"data.batch_size": 0})
 
 
+# room: pictures end
 # ---- fit, predict and infer from Python (one shared tiny fit) -----------------------------------------
 
 

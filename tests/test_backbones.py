@@ -281,8 +281,7 @@ def test_torchvision_weights_declaring_more_than_they_hold_are_refused_before_lo
 @pytest.mark.slow
 def test_the_image_size_is_the_weights_own_unless_given(shapes_root: Path, tmp_path: Path) -> None:
     """From scratch: the embedded shapes' 64 px; with weights: their input size (torchvision's 224)."""
-    from project.cli import ProjectCLI
-    from tests.helpers import fast_args
+    from tests.helpers import built_as_fit, fast_args
 
     weights = tmp_path / "resnet18.pth"
     torch.save(torchvision.models.resnet18().state_dict(), weights)
@@ -293,9 +292,7 @@ def test_the_image_size_is_the_weights_own_unless_given(shapes_root: Path, tmp_p
         "weights": [f"--model.weights={weights}"],
         "given": [f"--model.weights={weights}", "--data.image_size=96"],
     }.items():
-        # show_batch: built as fit builds them, one small picture written
-        look = ["show_batch", f"--output={tmp_path / 'batch.png'}", "--count=1"]
-        cli = ProjectCLI(args=[*look, *args, "--data.batch_size=2", *extra])
+        cli = built_as_fit(*args, "--data.batch_size=2", *extra)
         assert cli.model.hparams.image_size == cli.datamodule.image_size
         sizes[case] = cli.datamodule.image_size
     assert sizes == {"scratch": 64, "weights": 224, "given": 96}

@@ -14,7 +14,8 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from project.callbacks import DataCheck
-from project.callbacks.data_check import check_labels
+from project.callbacks.data_check import check_labels, class_count_table
+from project.data.index import ImageIndex
 from project.errors import UserError
 from project.model import ImageClassifier
 from tests.helpers import TensorData, fast_args, run_cli, tiny_trainer
@@ -196,3 +197,18 @@ def test_a_validation_split_too_small_to_rank_checkpoints_is_warned_about() -> N
         warnings.simplefilter("error")
         warn_small_validation(600)  # the embedded shapes' 600: no warning
         warn_small_validation(30, multilabel=True)  # per-label metrics, not one accuracy
+
+
+def test_the_class_count_table_of_many_classes_has_a_bounded_number_of_lines() -> None:
+    classes = 2000
+    labels = np.repeat(np.arange(classes), np.arange(classes) % 7 + 1)
+    names = tuple(f"class-{i}" for i in range(classes))
+    index = ImageIndex(Path("."), np.zeros(len(labels), dtype="S1"), labels, names)
+    val = index.subset(np.arange(0, len(labels), 2))
+    table = class_count_table({"train": index.class_counts(), "val": val.class_counts()})
+    lines = table.splitlines()
+    assert len(lines) == 24  # title, header, 10 largest, "...", 10 smallest, total
+    assert "2000 classes: the 10 largest and smallest by train images" in lines[0]
+    assert lines[2].split()[:2] == ["class-6", "7"] and lines[-2].split()[:2] == ["class-1995", "1"]
+    assert lines[12].split() == ["...", "...", "..."]
+    assert lines[-1].split() == ["total", str(len(labels)), str((len(labels) + 1) // 2)]

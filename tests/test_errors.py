@@ -23,7 +23,7 @@ MISTAKES = {
     "predict": ["--ckpt_path=missing.ckpt"],
     "export": ["--ckpt_path=missing.ckpt"],
     "memory": ["--data.batch_size=0"],  # room: memory
-    "show_batch": ["--data.batch_size=0"],
+    "show_batch": ["--data.batch_size=0"],  # room: pictures
     "lr_find": ["--data.batch_size=0"],  # room: tuning
     "batch_size_find": ["--data.batch_size=0"],  # room: tuning
     "audit": ["--data.batch_size=0"],  # room: audit
@@ -47,7 +47,7 @@ COMMAND_LINES = {
     "predict": ["--data.batchsize=8"],
     "export": ["--data.batch_size"],
     "memory": ["--data.hflip=maybe"],  # room: memory
-    "show_batch": ["--count=many"],
+    "show_batch": ["--count=many"],  # room: pictures
     "lr_find": ["--data.interpolation=nearest"],  # room: tuning
     "batch_size_find": ["--data.batch_size=abc"],  # room: tuning
     "audit": ["--data.batch_size=abc"],  # room: audit

@@ -18,8 +18,6 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from project import figures
 from project.callbacks import ConfusionMatrix
 from project.callbacks.confusion_matrix import _Counts, top_confusions_table
-from project.callbacks.data_check import class_count_table
-from project.data.index import ImageIndex
 from project.model import ImageClassifier
 from tests.helpers import TensorData, tiny_trainer
 
@@ -103,20 +101,6 @@ def test_the_top_confusions_table_names_the_pairs() -> None:
     lines = top_confusions_table(many_class_counts(), names).splitlines()
     assert lines[1].split() == ["9", "64.3%", "class-7", "->", "class-1999"]  # 9 of 14 images of class 7
     assert len(lines) == 4
-
-
-def test_the_class_count_table_of_many_classes_has_a_bounded_number_of_lines() -> None:
-    labels = np.repeat(np.arange(CLASSES), np.arange(CLASSES) % 7 + 1)
-    names = tuple(f"class-{i}" for i in range(CLASSES))
-    index = ImageIndex(Path("."), np.zeros(len(labels), dtype="S1"), labels, names)
-    val = index.subset(np.arange(0, len(labels), 2))
-    table = class_count_table({"train": index.class_counts(), "val": val.class_counts()})
-    lines = table.splitlines()
-    assert len(lines) == 24  # title, header, 10 largest, "...", 10 smallest, total
-    assert "2000 classes: the 10 largest and smallest by train images" in lines[0]
-    assert lines[2].split()[:2] == ["class-6", "7"] and lines[-2].split()[:2] == ["class-1995", "1"]
-    assert lines[12].split() == ["...", "...", "..."]
-    assert lines[-1].split() == ["total", str(len(labels)), str((len(labels) + 1) // 2)]
 
 
 @pytest.mark.slow

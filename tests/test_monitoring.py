@@ -16,14 +16,17 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
+import numpy as np  # room: pictures
 import pytest
-import torch
-from PIL import Image
+import torch  # room: pictures
+from PIL import Image  # room: pictures
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.util import tensor_util
+from tensorboard.util import tensor_util  # room: pictures
 
+# room: pictures begin
 from project.data.shapes import CLASSES
+
+# room: pictures end
 from tests.helpers import fast_args, run_cli
 
 pytestmark = pytest.mark.slow  # every test here trains or starts a server
@@ -87,13 +90,14 @@ class TensorBoard:
             return json.loads(response.read())
 
     def wait_for(self, run: str, timeout: float = 60) -> None:
-        """Until the server answers and has loaded the run's scalars, images and hparams."""
+        """Until the server answers and has loaded what the run logged."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process.poll() is None, "tensorboard exited"
             with contextlib.suppress(OSError):
-                scalars = self.json("plugin/scalars/tags").get(run, {})
-                if "val/acc" in scalars and self.json("plugin/images/tags").get(run):
+                loaded = "val/acc" in self.json("plugin/scalars/tags").get(run, {})
+                loaded = loaded and bool(self.json("plugin/images/tags").get(run))  # room: pictures
+                if loaded:
                     return
             time.sleep(0.3)
         raise TimeoutError(f"tensorboard did not serve run {run} in {timeout} s")
@@ -134,23 +138,27 @@ def best_checkpoint_score(work: Path) -> float:
 def test_scalars_match_the_run(fitted: tuple[Path, str], tensorboard: TensorBoard) -> None:
     work, _ = fitted
     tags = set(tensorboard.json("plugin/scalars/tags")[RUN])
-    per_class = {f"val_class_acc/{c}" for c in CLASSES}
     run_level = {"train/loss", "val/acc", "val/acc_best", "train/images_per_sec", "time/epoch_s"}
-    assert run_level | per_class <= tags
+    assert run_level <= tags
 
     steps, acc = scalars(tensorboard, "val/acc")
     assert steps == [2, 5]  # 3 batches per epoch; Lightning logs epoch metrics at the epoch's last step
     assert max(acc) == pytest.approx(best_checkpoint_score(work), abs=5e-5)
     assert scalars(tensorboard, "val/acc_best")[1][-1] == pytest.approx(max(acc))
+    # room: pictures begin
+    per_class = {f"val_class_acc/{c}" for c in CLASSES}
+    assert per_class <= tags
     # 4 validation images per class: the mean of the per-class accuracies is the accuracy
     class_acc = np.array([scalars(tensorboard, tag)[1] for tag in sorted(per_class)])
     assert class_acc.mean(axis=0) == pytest.approx(acc, abs=1e-6)
+    # room: pictures end
 
     _, epoch_s = scalars(tensorboard, "time/epoch_s")
     assert len(epoch_s) == 2 and all(0 < s < 60 for s in epoch_s)
     assert all(0 < rate < 1e5 for rate in scalars(tensorboard, "train/images_per_sec")[1])
 
 
+# room: pictures begin
 def test_images_are_real_pictures_at_the_metric_steps(tensorboard: TensorBoard) -> None:
     tags = tensorboard.json("plugin/images/tags")[RUN]
     assert set(tags) == {"train/images", "val/confusion_matrix", "val/misclassified"}
@@ -166,6 +174,7 @@ def test_images_are_real_pictures_at_the_metric_steps(tensorboard: TensorBoard) 
     assert steps["val/confusion_matrix"] == steps["val/misclassified"] == [2, 5]  # like val/acc
 
 
+# room: pictures end
 def test_hparams_view_shows_the_final_metrics(tensorboard: TensorBoard) -> None:
     experiment = tensorboard.post("plugin/hparams/experiment", {"experimentName": ""})
     hparams = {h["name"] for h in experiment["hparamInfos"]}
@@ -186,6 +195,7 @@ def test_hparams_view_shows_the_final_metrics(tensorboard: TensorBoard) -> None:
         assert values[tag] == pytest.approx(scalars(tensorboard, tag)[1][-1]), tag
 
 
+# room: pictures begin
 def test_confusion_matrix_counts_agree_with_accuracy(fitted: tuple[Path, str]) -> None:
     work, _ = fitted
     events = EventAccumulator(str(work / "logs" / RUN), size_guidance={"tensors": 0})
@@ -199,27 +209,6 @@ def test_confusion_matrix_counts_agree_with_accuracy(fitted: tuple[Path, str]) -
         assert np.trace(matrix) / matrix.sum() == pytest.approx(acc, abs=1e-6)
 
 
-def test_progress_bar_shows_throughput_and_time_left(fitted: tuple[Path, str]) -> None:
-    _, printed = fitted
-    assert re.search(r"img/s=\d+\.\d", printed), printed[-2000:]
-    assert re.search(r"eta_s=\d+\.\d", printed)
-    assert re.search(r"\d\d:\d\d<\d\d:\d\d", printed)  # tqdm's own elapsed<remaining for the epoch
-
-
-def test_monitoring_switches_off(workdir: Path, shapes_root: Path) -> None:
-    off = [f"--{key}.enabled=false" for key in ("training_images", "confusion_matrix", "misclassified")]
-    off += ["--throughput.enabled=false", "--hparams.enabled=false"]
-    assert run_cli("fit", *fast_args(shapes_root, "--name=quiet", *off)) == 0
-    events = EventAccumulator(str(workdir / "logs" / "quiet"))
-    events.Reload()
-    tags = events.Tags()
-    assert tags["images"] == [] and "val/confusion_matrix_counts" not in tags["tensors"]
-    with pytest.raises(KeyError):  # no hparams summaries
-        events.PluginTagToContent("hparams")
-    assert "val/acc" in tags["scalars"]
-    assert not [t for t in tags["scalars"] if t.startswith(("val_class_acc/", "time/", "train/images"))]
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_monitoring_on_gpu(workdir: Path, shapes_root: Path) -> None:
@@ -229,3 +218,27 @@ def test_monitoring_on_gpu(workdir: Path, shapes_root: Path) -> None:
     assert set(events.Tags()["images"]) == {"train/images", "val/confusion_matrix", "val/misclassified"}
     counts = tensor_util.make_ndarray(events.Tensors("val/confusion_matrix_counts")[-1].tensor_proto)
     assert counts.sum() == 24
+
+
+# room: pictures end
+def test_progress_bar_shows_throughput_and_time_left(fitted: tuple[Path, str]) -> None:
+    _, printed = fitted
+    assert re.search(r"img/s=\d+\.\d", printed), printed[-2000:]
+    assert re.search(r"eta_s=\d+\.\d", printed)
+    assert re.search(r"\d\d:\d\d<\d\d:\d\d", printed)  # tqdm's own elapsed<remaining for the epoch
+
+
+def test_monitoring_switches_off(workdir: Path, shapes_root: Path) -> None:
+    off = ["--throughput.enabled=false", "--hparams.enabled=false"]
+    pictures = ("training_images", "confusion_matrix", "misclassified")  # room: pictures
+    off += [f"--{key}.enabled=false" for key in pictures]  # room: pictures
+    assert run_cli("fit", *fast_args(shapes_root, "--name=quiet", *off)) == 0
+    events = EventAccumulator(str(workdir / "logs" / "quiet"))
+    events.Reload()
+    tags = events.Tags()
+    assert tags["images"] == []
+    assert "val/confusion_matrix_counts" not in tags["tensors"]  # room: pictures
+    with pytest.raises(KeyError):  # no hparams summaries
+        events.PluginTagToContent("hparams")
+    assert "val/acc" in tags["scalars"]
+    assert not [t for t in tags["scalars"] if t.startswith(("val_class_acc/", "time/", "train/images"))]

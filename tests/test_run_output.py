@@ -14,7 +14,11 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 
 import project
 from project.callbacks.scalars_layout import LAYOUT
+
+# room: pictures begin
 from project.figures import MAX_GRID_WIDTH
+
+# room: pictures end
 from tests.helpers import fast_args
 
 
@@ -77,7 +81,7 @@ def test_fit_to_a_file_prints_epoch_lines_and_where_everything_went(workdir: Pat
     ):
         assert f"  {command}\n" in block + "\n"
 
-    # TensorBoard: the custom scalars layout puts accuracy and loss first; image grids fit the card
+    # TensorBoard: the custom scalars layout puts accuracy and loss first
     events = EventAccumulator(str(workdir / "logs" / "tiny"), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
     layout = layout_pb2.Layout()
@@ -90,5 +94,7 @@ def test_fit_to_a_file_prints_epoch_lines_and_where_everything_went(workdir: Pat
     ]
     scalars = set(events.Tags()["scalars"])
     assert {"val/acc", "val/acc_best", "train/loss", "val/loss"} <= scalars  # the layout names real tags
-    for tag in ("train/images", "val/misclassified"):
+    # room: pictures begin
+    for tag in ("train/images", "val/misclassified"):  # image grids fit TensorBoard's card
         assert events.Images(tag)[-1].width <= MAX_GRID_WIDTH
+    # room: pictures end

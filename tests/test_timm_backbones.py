@@ -294,17 +294,13 @@ def test_head_of_a_timm_model_is_its_classifier() -> None:
 
 
 @pytest.mark.slow
-def test_the_command_line_takes_the_backbones_crop_and_filter_unless_given(
-    shapes_root: Path, tmp_path: Path
-) -> None:
+def test_the_command_line_takes_the_backbones_crop_and_filter_unless_given(shapes_root: Path) -> None:
     from torchvision.transforms import InterpolationMode
 
-    from project.cli import ProjectCLI
-    from tests.helpers import fast_args
+    from tests.helpers import built_as_fit, fast_args
 
     args = fast_args(shapes_root, "--model.backbone=timm/test_vit")
-    look = ["show_batch", f"--output={tmp_path / 'batch.png'}", "--count=1"]  # built as fit builds them
-    cli = ProjectCLI(args=[*look, *args])  # timm's test_vit: crop_pct 0.95, bicubic, mean and std 0.5
+    cli = built_as_fit(*args)  # timm's test_vit: crop_pct 0.95, bicubic, mean and std 0.5
     assert cli.datamodule.crop_ratio == 0.95 and cli.datamodule.hparams.crop_ratio == 0.95
     assert cli.datamodule.hparams.interpolation == "bicubic"
     assert cli.datamodule.eval_transform.transforms[0].interpolation == InterpolationMode.BICUBIC
@@ -312,10 +308,10 @@ def test_the_command_line_takes_the_backbones_crop_and_filter_unless_given(
     assert cli.datamodule.train_batch_transform.interpolation == "bicubic"
     assert cli.model.hparams.mean == (0.5, 0.5, 0.5)
     given = ["--data.crop_ratio=0.8", "--model.mean=[0.4,0.4,0.4]", "--data.interpolation=bilinear"]
-    cli = ProjectCLI(args=[*look, *args, *given])
+    cli = built_as_fit(*args, *given)
     assert cli.datamodule.crop_ratio == 0.8 and cli.model.hparams.mean == (0.4, 0.4, 0.4)
     assert cli.datamodule.eval_transform.transforms[0].interpolation == InterpolationMode.BILINEAR
-    cli = ProjectCLI(args=[*look, *fast_args(shapes_root)])  # torchvision's resnet18
+    cli = built_as_fit(*fast_args(shapes_root))  # torchvision's resnet18
     assert cli.datamodule.hparams.interpolation == "bilinear"
 
 

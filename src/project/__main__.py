@@ -1,6 +1,6 @@
 """The one entry point, of `python -m project ...` and of the installed `project` script: dispatch only.
 
-The commands of COMMANDS (infer, models, show_batch, ...) have a module of their own and skip the training CLI
+The commands of COMMANDS (infer, models, ...) have a module of their own and skip the training CLI
 (most of them torch too): they go first. Everything else is a LightningCLI subcommand of
 project.cli (TRAINING: fit, validate, test, predict and the Trainer's own, such as export). Every command's
 main ends a user's mistake the same way
@@ -56,7 +56,7 @@ TRAINING = {
     "predict": "checkpoint",
     "export": "checkpoint",
     "memory": "dry",  # room: memory
-    "show_batch": "dry",
+    "show_batch": "dry",  # room: pictures
     "lr_find": "finder",  # room: tuning
     "batch_size_find": "finder",  # room: tuning
 }

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import tempfile  # room: pictures
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +115,7 @@ def fit(*flags: str, overrides: Mapping[str, Any] | None = None) -> Run:
     )
 
 
+# room: pictures begin
 def show_batch(
     *flags: str, overrides: Mapping[str, Any] | None = None, output: str | os.PathLike | None = None
 ) -> Image.Image:
@@ -130,6 +131,7 @@ def show_batch(
             return img.copy()
 
 
+# room: pictures end
 # room: report begin
 def report(run: Run | str | os.PathLike) -> Image.Image:
     """`python -m project report RUN`: the run's curves, confusion matrix and per-class accuracy, as a PIL

@@ -24,14 +24,14 @@ from project.backbones import preprocessing
 from project.callbacks import (
     EMA,  # room: ema
     CheckpointPaths,
-    ConfusionMatrix,
+    ConfusionMatrix,  # room: pictures
     DataCheck,
     EpochLines,
     ExportBest,
     GracefulStop,
     GradNormMonitor,
     HParams,
-    Misclassified,
+    Misclassified,  # room: pictures
     NonFiniteGuard,
     PredictionWriter,
     RNGState,
@@ -39,7 +39,7 @@ from project.callbacks import (
     ScalarsLayout,
     Throughput,
     TrackerArtifacts,  # room: trackers
-    TrainingImages,
+    TrainingImages,  # room: pictures
 )
 
 # room: explain begin
@@ -115,9 +115,9 @@ CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
     "non_finite": (NonFiniteGuard, {}),
     "grad_norm": (GradNormMonitor, {}),
     # monitoring: what TensorBoard shows besides the scalars
-    "training_images": (TrainingImages, {}),
-    "confusion_matrix": (ConfusionMatrix, {}),
-    "misclassified": (Misclassified, {}),
+    "training_images": (TrainingImages, {}),  # room: pictures
+    "confusion_matrix": (ConfusionMatrix, {}),  # room: pictures
+    "misclassified": (Misclassified, {}),  # room: pictures
     "throughput": (Throughput, {}),
     "hparams": (HParams, {}),
 }

@@ -387,7 +387,8 @@ class ImageClassifier(L.LightningModule):
     def validation_step(
         self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int
     ) -> torch.Tensor | None:
-        # the logits go to the callbacks (confusion matrix, misclassified images): no second forward pass
+        # the logits go to the callbacks: no second forward pass
+        # (the confusion matrix and the misclassified images read them)  # room: pictures
         return self._evaluate(batch, self.val_metrics, self.val_loss, "val/loss", self.val_per_label)
 
     @override

@@ -68,6 +68,7 @@ ROOMS = {
         files=("src/project/sweep/*", "tests/test_sweep.py", "docs/sweep.md", "configs/sweeps/*"),
         extras=("sweep", "postgres"),
         commands=("sweep",),
+        needs=("pictures",),  # --summary's pictures: matplotlib, drawn as figures.py draws
     ),
     # room: sweep end
     # room: audit begin
@@ -114,6 +115,7 @@ ROOMS = {
             "docs/images/report-page.png",
         ),
         commands=("report",),
+        needs=("pictures",),  # it draws with figures.py, on matplotlib
     ),
     # room: report end
     # room: notebooks begin
@@ -128,6 +130,7 @@ ROOMS = {
         "`lr_find` and `batch_size_find`: a suggested learning rate, the largest batch that fits (Tuner)",
         files=("src/project/tuning.py", "tests/test_tuning.py"),
         commands=("lr_find", "batch_size_find"),
+        needs=("pictures",),  # lr_find's plot: matplotlib, drawn as figures.py draws
     ),
     # room: tuning end
     # room: memory begin
@@ -137,6 +140,21 @@ ROOMS = {
         commands=("memory",),
     ),
     # room: memory end
+    # room: pictures begin
+    "pictures": Room(
+        "TensorBoard's pictures of a run (training images, confusion matrix, misclassified) and `show_batch`",
+        files=(
+            "src/project/figures.py",
+            "src/project/show_batch.py",
+            "src/project/callbacks/pictures.py",
+            "src/project/callbacks/training_images.py",
+            "src/project/callbacks/confusion_matrix.py",
+            "src/project/callbacks/misclassified.py",
+            "tests/test_figures.py",
+        ),
+        commands=("show_batch",),
+    ),
+    # room: pictures end
     # room: openvino begin
     "openvino": Room(
         "`export --format openvino`: an OpenVINO IR beside the ONNX file, verified, run by infer and serve",

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from project.atomic import atomic_files
-from project.callbacks.tensorboard import captioned_grid
+from project.callbacks.pictures import captioned_grid
 from project.data.datamodule import ImageDataModule
 from project.errors import UserError
 

@@ -1,5 +1,5 @@
 """The Lightning Trainer plus a method for each subcommand of __main__.TRAINING that Lightning has not
-(`export`, `show_batch`, ...), which LightningCLI turns into subcommands (the commands with a CLI of their
+(`export`, ...), which LightningCLI turns into subcommands (the commands with a CLI of their
 own: __main__.COMMANDS)."""
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ class Trainer(L.Trainer):
         print(measure_step(model, self, datamodule.batch_size, datamodule.image_size))
 
     # room: memory end
+    # room: pictures begin
     def show_batch(
         self,
         model: L.LightningModule,
@@ -114,6 +115,7 @@ class Trainer(L.Trainer):
         written = write_batch_view(datamodule, Path(output), count, seed=torch.initial_seed() % 2**32)
         print(f"Wrote {count} training images (augmented) beside {count} validation images to {written}")
 
+    # room: pictures end
     # room: tuning begin
     def lr_find(
         self,

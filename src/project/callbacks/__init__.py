@@ -1,7 +1,11 @@
 """Callbacks: one file per callback."""
 
 from project.callbacks.checkpoint_paths import CheckpointPaths
+
+# room: pictures begin
 from project.callbacks.confusion_matrix import ConfusionMatrix
+
+# room: pictures end
 from project.callbacks.data_check import DataCheck
 
 # room: ema begin
@@ -13,7 +17,11 @@ from project.callbacks.export import ExportBest
 from project.callbacks.graceful_stop import GracefulStop
 from project.callbacks.grad_norm import GradNormMonitor
 from project.callbacks.hparams import HParams
+
+# room: pictures begin
 from project.callbacks.misclassified import Misclassified
+
+# room: pictures end
 from project.callbacks.non_finite import NonFiniteGuard
 from project.callbacks.prediction_writer import PredictionWriter
 from project.callbacks.rng_state import RNGState
@@ -25,19 +33,22 @@ from project.callbacks.throughput import Throughput
 from project.callbacks.trackers import TrackerArtifacts
 
 # room: trackers end
+# room: pictures begin
 from project.callbacks.training_images import TrainingImages
+
+# room: pictures end
 
 __all__ = [
     "EMA",  # room: ema
     "CheckpointPaths",
-    "ConfusionMatrix",
+    "ConfusionMatrix",  # room: pictures
     "DataCheck",
     "EpochLines",
     "ExportBest",
     "GracefulStop",
     "GradNormMonitor",
     "HParams",
-    "Misclassified",
+    "Misclassified",  # room: pictures
     "NonFiniteGuard",
     "PredictionWriter",
     "RNGState",
@@ -45,5 +56,5 @@ __all__ = [
     "ScalarsLayout",
     "Throughput",
     "TrackerArtifacts",  # room: trackers
-    "TrainingImages",
+    "TrainingImages",  # room: pictures
 ]

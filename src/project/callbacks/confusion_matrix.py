@@ -13,7 +13,8 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from typing_extensions import override
 
 from project import figures
-from project.callbacks.tensorboard import add_image, single_label, step, writer
+from project.callbacks.pictures import add_image, single_label, step
+from project.callbacks.tensorboard import writer
 from project.figures import MAX_LOGGED_COUNTS
 from project.model import label_names
 

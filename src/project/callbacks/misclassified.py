@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from project.callbacks.tensorboard import add_image, captioned_grid, single_label
+from project.callbacks.pictures import add_image, captioned_grid, single_label
 from project.figures import WRONG
 from project.model import label_names
 

@@ -21,7 +21,7 @@ LAYOUT = {
     },
     "2. more validation metrics": {
         "balanced accuracy, F1, top-5": ["Multiline", ["val/balanced_acc", "val/f1_macro", "val/top5_acc"]],
-        "per class accuracy": ["Multiline", [r"val_class_acc/.*"]],
+        "per class accuracy": ["Multiline", [r"val_class_acc/.*"]],  # room: pictures
     },
     "3. optimization": {
         "learning rate": ["Multiline", [r"lr-.*"]],
