@@ -56,7 +56,9 @@ for command in commands:
         out.write(f"{type(e).__name__}: {e}")
     text = out.getvalue()
     shown = text if len(text) < 4000 else text[:2000] + " ... " + text[-2000:]  # usage and the error
-    results[command] = {"code": code, "output": shown}
+    # a room's marker inside a docstring that jsonargparse reads would be shown as help
+    markers = [line.strip() for line in text.splitlines() if "room:" in line]
+    results[command] = {"code": code, "output": shown, "markers": markers}
 import project
 print(json.dumps({"file": project.__file__, "results": results}))
 """
@@ -137,6 +139,7 @@ def test_every_subcommand_starts(helps: dict[str, dict], launcher: str, command:
     result = helps[launcher]["results"][command]
     assert result["code"] == 0, result["output"]
     assert "usage:" in result["output"].lower(), result["output"]
+    assert result["markers"] == []
 
 
 def tree(root: Path) -> dict[str, bytes | str]:

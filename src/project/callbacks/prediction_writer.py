@@ -79,6 +79,10 @@ class PredictionWriter(BasePredictionWriter):
             top_k: How many of the most likely classes to list per image.
             sidecar: The export sidecar (.json) whose calibration applies; `auto`: the newest export
                 of --ckpt_path in its folder; null: plain softmax.
+            # room: unknown begin
+            unknown_accept: Override the export's share of validation images accepted (0: never
+                `unknown`); null: the export's.
+            # room: unknown end
         """
         super().__init__(write_interval="batch")
         self.output = Path(output) if output is not None else None
@@ -270,14 +274,6 @@ class PredictionWriter(BasePredictionWriter):
 
     def _k(self, pl_module: L.LightningModule) -> int:
         return min(self.top_k, len(label_names(pl_module)))
-
-
-# room: unknown begin
-# its help, where jsonargparse reads it (the docstring's Args; markers would show there)
-PredictionWriter.__init__.__doc__ += """    unknown_accept: Override the export's share of validation images
-                accepted (0: never `unknown`); null: the export's.
-"""
-# room: unknown end
 
 
 def export_of(ckpt_path: str | os.PathLike | None) -> Sidecar | None:
