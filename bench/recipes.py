@@ -72,7 +72,7 @@ def answer_spread(checkpoint: Path, root: Path) -> float:
 def warmup(cifar: Path, seeds: int, before: Path | None) -> None:
     """A short run's warm-up: the short run of a small folder (245 training images of 2 classes, 100
     validation images each, the default model and schedule, batch 32, 2 epochs = 14 optimizer steps): the
-    project as it is (warm-up at most 10% of the run, BatchNorm statistics from the batches seen), the
+    template as it is (warm-up at most 10% of the run, BatchNorm statistics from the batches seen), the
     same with the fixed 50-step warm-up (`max_warmup_fraction` large), and with `--before-src OLD/src`
     an older checkout's code. Prints each arm's val/acc and how much the model's answer varies between
     images (the std of P(second class); 0 when every image gets the same answer)."""

@@ -33,12 +33,11 @@ from collections.abc import Callable  # room: unknown
 from pathlib import Path
 
 import numpy as np  # room: unknown
-import torch
 
 from project.data.index import list_images
-from project.data.shapes import generate_shapes
 
 # room: unknown begin
+from project.data.shapes import generate_shapes
 from project.deploy import unknown
 from project.deploy.classifier import Classifier
 from project.export.fit_unknown import separation
@@ -228,6 +227,10 @@ def main() -> None:
         print(json.dumps(results["cifar"], indent=1), flush=True)
     # room: int8 begin
     if "resnet224" in args.parts:
+        import torch
+
+        from project.data import shapes
+
         # from scratch at 224 px this CPU trains too slowly: 3 epochs at 64 px on the 4,800 shapes,
         # then those weights (all but the head) fine-tuned for 2 epochs at 224 px on shapes drawn at 224
         small = ["--model.backbone=resnet18", "--data.image_size=64", "--trainer.max_epochs=3"]
@@ -235,7 +238,7 @@ def main() -> None:
         best = work / "resnet64-net.pt"  # the network alone: --model.weights takes a state dict
         state = torch.load(sorted(warm.glob("epoch=*.ckpt"))[-1], map_location="cpu", weights_only=True)
         torch.save({k: v for k, v in state["state_dict"].items() if k.startswith("net.")}, best)
-        root = generate_shapes(work / "shapes-224", 60, 20, image_size=224)
+        root = shapes.generate_shapes(work / "shapes-224", 60, 20, image_size=224)
         flags = [f"--data.root={root}", "--data.image_size=224", "--data.batch_size=16"]
         flags += ["--model.backbone=resnet18", f"--model.weights={best}", "--trainer.max_epochs=2"]
         flags += ["--model.scheduler.init_args.warmup_steps=5"]

@@ -570,3 +570,12 @@ def test_the_export_targets_do_not_import_their_table() -> None:
         if re.search(r"export\.targets\b|export import targets\b", inspect.getsource(m))
     ]
     assert back == []
+
+
+def test_ci_runs_exactly_the_readme_s_test_commands() -> None:
+    """`.ci/run` ends with the Quickstart's second step, line for line: CI runs what a user is told to."""
+    root = Path(__file__).resolve().parents[1]
+    step = (root / "README.md").read_text().split("\n# 2. set up and run the test suite", 1)[1]
+    commands = [line for line in step.split("```", 1)[0].splitlines()[1:] if line.strip()]
+    assert commands and commands[0].startswith("python3 -m venv .venv && "), commands
+    assert (root / ".ci" / "run").read_text().splitlines()[-len(commands) :] == commands

@@ -245,6 +245,7 @@ def test_new_help_lists_every_room() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.rooms
 def test_the_core_alone_has_no_room_and_passes_its_tests(tmp_path: Path, shapes_root: Path) -> None:
     """`new --without all`: none of any room's files, extras or commands; its code passes the linter (no
     import left unused by a removed line), its own fast lane passes, its help lists no room's command,
@@ -291,11 +292,37 @@ def test_the_core_alone_has_no_room_and_passes_its_tests(tmp_path: Path, shapes_
     assert fit.returncode == 0, fit.stderr[-3000:]
 
 
+SHARED_TESTS = ("helpers", "exports", "servers", "shard_files")  # the test library: tests/<name>.py
+
+
+def imports_shared(rel: str, names: set[str]) -> bool:
+    """Whether the test file `rel` imports one of the shared test modules `names` (anywhere in it)."""
+    return any(re.search(rf"^\s*from tests(\.| import ){name}\b", text(rel) or "", re.M) for name in names)
+
+
+def changed_tests(left_out: set[str]) -> list[str]:
+    """The test files a copy without the rooms `left_out` keeps with lines removed (marked for one of
+    them), and those that import a shared test module it changes, or one importing such a module: the
+    tests the removal can break."""
+    kept = [rel for rel in files() if rel.startswith("tests/") and rel.endswith(".py")]
+    kept = [rel for rel in kept if not rooms_of(rel) & left_out]
+    changed = {rel for rel in kept if without(text(rel) or "", left_out) != text(rel)}
+    shared = {Path(rel).stem for rel in changed if Path(rel).stem in SHARED_TESTS}
+    while more := {n for n in SHARED_TESTS if n not in shared and imports_shared(f"tests/{n}.py", shared)}:
+        shared |= more
+    changed |= {rel for rel in kept if imports_shared(rel, shared)}
+    return sorted(rel for rel in changed if Path(rel).name.startswith("test_"))
+
+
 @pytest.mark.slow
+@pytest.mark.rooms
 @pytest.mark.parametrize("room", list(ROOMS))
-def test_a_copy_without_each_room_has_no_name_left_undefined_or_unused(room: str, tmp_path: Path) -> None:
+def test_a_copy_without_each_room_passes_its_conventions_and_the_tests_it_changes(
+    room: str, tmp_path: Path
+) -> None:
     """`new --without ROOM` for each room: pyflakes (ruff's F rules) finds no name the removed lines left
-    undefined and no import they left unused, in the copy's source, tests and benchmarks."""
+    undefined and no import they left unused, in the copy's source, tests and benchmarks; and in the copy,
+    its convention tests and the fast lane of every test file the removal changed pass."""
     dest = tmp_path / "copy"
     new.main([str(dest), "--name", "leafnet", "--without", room])
     lint = subprocess.run(
@@ -305,6 +332,56 @@ def test_a_copy_without_each_room_has_no_name_left_undefined_or_unused(room: str
         text=True,
     )
     assert lint.returncode == 0, lint.stdout[-3000:]
+    conventions = [
+        rel for rel in ("tests/test_conventions.py", "tests/test_rooms.py") if (dest / rel).exists()
+    ]
+    chosen = sorted({*conventions, *changed_tests(with_dependents({room}))})
+    env = {**os.environ, "PYTHONPATH": str(dest / "src")}
+    done = subprocess.run(  # one process: this test holds one of the two cores
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            "-m",
+            "not slow",
+            *chosen,
+        ],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_tests_a_removal_changes_are_found() -> None:
+    """A kept test file with a marker of a left-out room is in the lane, a left-out room's own file is not,
+    and a changed shared test module brings in every test file that imports it."""
+    for name in ROOMS:
+        left_out = with_dependents({name})
+        found = set(changed_tests(left_out))
+        assert not [rel for rel in found if rooms_of(rel) & left_out], name
+        kept = [
+            rel for rel in files() if re.fullmatch(r"tests/\w+\.py", rel) and not rooms_of(rel) & left_out
+        ]
+        for rel in kept:
+            marked = {n for m in MARKER.finditer(text(rel) or "") for n in marked_rooms(m)} & left_out
+            if marked and Path(rel).name.startswith("test_"):
+                assert rel in found, (name, rel)
+            if marked and Path(rel).stem in SHARED_TESTS:
+                users = {
+                    u
+                    for u in kept
+                    if Path(u).name.startswith("test_") and imports_shared(u, {Path(rel).stem})
+                }
+                assert users <= found, (name, rel, users - found)
+    # test_int8.py imports tests/exports.py, which has lines of the unknown room
+    assert "tests/test_int8.py" in changed_tests({"unknown"})  # room: int8, unknown
 
 
 @pytest.mark.slow
