@@ -36,7 +36,7 @@ NOT_SOURCES = {".git", ".venv", "logs", "checkpoints", "data", "build", "dist"}
 # runs `<launcher> <command> --help` for each command in one process (a Lightning import is seconds);
 # the launcher is `-m` (python -m project) or the path of the installed script
 HELP_DRIVER = """
-import contextlib, io, json, runpy, sys
+import contextlib, io, json, re, runpy, sys
 launcher, commands = sys.argv[1], sys.argv[2:]
 results = {}
 for command in commands:
@@ -57,7 +57,7 @@ for command in commands:
     text = out.getvalue()
     shown = text if len(text) < 4000 else text[:2000] + " ... " + text[-2000:]  # usage and the error
     # a room's marker inside a docstring that jsonargparse reads would be shown as help
-    markers = [line.strip() for line in text.splitlines() if "room:" in line]
+    markers = [line.strip() for line in text.splitlines() if re.search(r"(#|<!--) *room:", line)]
     results[command] = {"code": code, "output": shown, "markers": markers}
 import project
 print(json.dumps({"file": project.__file__, "results": results}))
