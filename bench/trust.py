@@ -1,4 +1,4 @@
-"""Calibration and unknown rejection of exports, measured on real models and real images.
+"""The calibration of exports, measured on real models and real images.
 
     python bench/trust.py --cifar /tmp/cifar10 [--parts shapes cifar] [--work DIR]
 
@@ -9,13 +9,15 @@ Models, each trained here with `python -m project fit` and exported with `python
 - resnet224 (also a part): resnet18 trained 3 epochs at 64 px on the shapes, then fine-tuned  # room: int8
   2 epochs at 224 px on shapes drawn at 224 px (int8 speed and agreement at that size).  # room: int8
 
-For each: the ECE before/after the temperature (from the sidecar), and for shapes and cifar the
-unknown rejection: the threshold chosen on the validation split (95% accepted) for each score, then
-the share of *new* in-distribution images accepted and of images of the other data set rejected
-(CIFAR-10 test photos for shapes, drawn shapes for CIFAR-10), and the AUROC of each score at telling
-the two apart. The scores: `energy` and `max_probability` (what an export can use), and
-`feature_distance`, minus the Mahalanobis distance of the head's input to the nearest class mean
-(training features, shared covariance; measured here only).
+For each: the ECE before/after the temperature (from the sidecar).
+# room: unknown begin
+For shapes and cifar the unknown rejection too: the threshold chosen on the validation split (95%
+accepted) for each score, then the share of *new* in-distribution images accepted and of images of
+the other data set rejected (CIFAR-10 test photos for shapes, drawn shapes for CIFAR-10), and the
+AUROC of each score at telling the two apart. The scores: `energy` and `max_probability` (what an
+export can use), and `feature_distance`, minus the Mahalanobis distance of the head's input to the
+nearest class mean (training features, shared covariance; measured here only).
+# room: unknown end
 Each is exported with `--quantize int8` too: the int8 model's agreement, accuracies and  # room: int8
 latency at batch 1 and 8 (from its sidecar: float and int8 alternate in one process).  # room: int8
 A model this bench already trained in --work is reused: a second run only measures again.
@@ -33,6 +35,7 @@ from collections.abc import Callable  # room: unknown
 from pathlib import Path
 
 import numpy as np  # room: unknown
+import torch  # room: int8
 
 from project.data.index import list_images
 
@@ -227,8 +230,6 @@ def main() -> None:
         print(json.dumps(results["cifar"], indent=1), flush=True)
     # room: int8 begin
     if "resnet224" in args.parts:
-        import torch
-
         from project.data import shapes
 
         # from scratch at 224 px this CPU trains too slowly: 3 epochs at 64 px on the 4,800 shapes,

@@ -77,8 +77,13 @@ def point_latest(folder: Path, stem: str) -> None:
 def with_unknown_keys(
     export: Path, lowest: float, highest: float, class_names: list[str] | None = None
 ) -> None:
-    """Give `export`'s sidecar the unknown keys export writes: validation energy scores spread evenly
-    from `lowest` to `highest`, the threshold accepting 95% of them; `class_names` renames the classes."""
+    """Give `export`'s sidecar a temperature of 1; `class_names` renames the classes.
+
+    # room: unknown begin
+    And the unknown keys export writes: validation energy scores spread evenly from `lowest` to
+    `highest`, the threshold accepting 95% of them.
+    # room: unknown end
+    """
     sidecar = export.with_suffix(".json")
     meta = json.loads(sidecar.read_text())
     table = np.linspace(lowest, highest, 101).tolist()  # room: unknown

@@ -191,8 +191,13 @@ def assert_same(answer: Prediction, row: dict[str, str]) -> None:
 @pytest.fixture(scope="module")
 def calibrated(fitted_run: Run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """(checkpoint, its export, images): a copy of the shared run whose export sidecar has a temperature
-    of 2 and an unknown threshold that refuses about half of the images (the tiny fit is near chance,
-    where the export leaves calibration out), so that the calibrated answers and `unknown` are compared."""
+    of 2 (the tiny fit is near chance, where the export leaves calibration out), so that the calibrated
+    answers are compared.
+
+    # room: unknown begin
+    And an unknown threshold that refuses about half of the images, so that `unknown` is compared too.
+    # room: unknown end
+    """
     folder = tmp_path_factory.mktemp("calibrated") / "fitted"
     shutil.copytree(fitted_run.checkpoints, folder, symlinks=True)
     checkpoint, onnx = folder / fitted_run.best_checkpoint.name, folder / fitted_run.export.name
@@ -222,7 +227,10 @@ def calibrated(fitted_run: Run, tmp_path_factory: pytest.TempPathFactory) -> tup
 def test_a_checkpoint_answers_as_predict_does(
     calibrated: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Same classes, calibrated probabilities and unknown verdicts (with their reason) as `predict`'s CSV."""
+    """Same classes and calibrated probabilities as `predict`'s CSV.
+
+    And the same unknown verdicts, with their reason.  # room: unknown
+    """
     checkpoint, _, images = calibrated
     monkeypatch.chdir(tmp_path)
     output = tmp_path / "predict.csv"

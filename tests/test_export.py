@@ -358,27 +358,34 @@ def test_calibration_refuses_to_flatten_a_near_chance_model(
     trained: Path, shapes_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # the fixture's run (6 optimizer steps) answers near chance on validation: unbounded, its
-    # temperature ran off to 5.7e6 and the energy threshold to 1e7, every probability 1/6
+    # temperature ran off to 5.7e6, every probability 1/6
+    # (and the energy threshold to 1e7)  # room: unknown
     meta = json.loads((run_dir(trained) / "latest.json").read_text())
     assert "the model is near chance on the 24 validation images" in meta["calibration_skipped"]
-    assert meta["temperature"] == 1.0 and meta["unknown_threshold"] is None
+    assert meta["temperature"] == 1.0
+    assert meta["unknown_threshold"] is None  # room: unknown
     data = ImageDataModule(root=str(shapes_root), image_size=32, batch_size=8, num_workers=0)
     options = {}
     options["quantize"] = "int8"  # room: int8
     exported = export_checkpoint(
         run_dir(trained) / "last.ckpt", output_dir=tmp_path, datamodule=data, **options
     )
-    assert exported.metadata["temperature"] == 1.0 and exported.metadata["unknown_threshold"] is None
+    assert exported.metadata["temperature"] == 1.0
+    assert exported.metadata["unknown_threshold"] is None  # room: unknown
     # room: int8 begin
     from project.export import quantize
 
     int8 = json.loads((tmp_path / "latest-int8.json").read_text())
-    assert "near chance" in int8["calibration_skipped"] and int8["unknown_threshold"] is None
+    assert "near chance" in int8["calibration_skipped"]
+    assert int8["unknown_threshold"] is None  # room: unknown
     # the int8 model's own calibration (fitted when the float one was) is refused the same way
-    calibrated = {**exported.metadata, "unknown_quantiles": [0.0] * 101, "unknown_accept": 0.95}
-    calibrated["unknown_score"] = "energy"
+    table = {"confidence": [0.5], "accuracy": [0.5], "count": [24]}
+    calibrated = {**exported.metadata, "reliability": {"bins": 1, "before": table, "after": table}}
+    calibrated |= {"unknown_quantiles": [0.0] * 101, "unknown_accept": 0.95}  # room: unknown
+    calibrated["unknown_score"] = "energy"  # room: unknown
     measured = quantize.measure(exported.onnx, tmp_path / "latest-int8.onnx", data, 32, 0.875, calibrated)
-    assert "near chance" in measured.get("calibration_skipped", "") and measured["unknown_threshold"] is None
+    assert "near chance" in measured.get("calibration_skipped", "")
+    assert measured["unknown_threshold"] is None  # room: unknown
     # room: int8 end
     out = capsys.readouterr().out
     assert (

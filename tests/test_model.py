@@ -117,7 +117,8 @@ def test_flip_tta_is_the_same_in_validation_and_predict() -> None:
         views = torch.stack([model(images), model(images.flip(-1))])
         plain = model(images).softmax(1)
     # the mean of the two views' logits: numbers of the same kind as one view's, so the export's
-    # temperature and unknown threshold (fitted on plain logits) apply to them unchanged
+    # temperature (fitted on plain logits) applies to them unchanged
+    # and so does its unknown threshold  # room: unknown
     assert torch.allclose(model.predict_step((images, labels), 0), views.mean(0), atol=1e-6)
     assert torch.allclose(probs, views.mean(0).softmax(1), atol=1e-6)
     assert torch.allclose(logits.softmax(1), probs, atol=1e-6)  # what validate scores is what predict says

@@ -33,7 +33,8 @@ SCREENSHOT = Path(__file__).parents[1] / "docs" / "images" / "serve-page.png"
 def test_the_page_shows_the_answer_and_class_names_as_text(tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
     model = tiny_export(tmp_path, "run-a", seed=0)
-    # "red" becomes HOSTILE; the threshold (energy 6.0) answers the dark image `unknown`
+    # "red" becomes HOSTILE
+    # the threshold (energy 6.0) answers the dark image `unknown`  # room: unknown
     with_unknown_keys(model, 5.0, 25.0, class_names=[HOSTILE, "green", "blue", "dark"])
     pictures = {"red": (220, 30, 20), "dark": (5, 5, 5)}
     for name, colour in pictures.items():
@@ -79,8 +80,8 @@ def test_the_page_shows_the_answer_and_class_names_as_text(tmp_path: Path) -> No
 
             page.set_input_files("#file", str(tmp_path / "dark.png"))
             sync_api.expect(page.locator("#status")).to_have_text("dark.png")
-            answer = expected["dark"]
             # room: unknown begin
+            answer = expected["dark"]
             assert answer["class_name"] == "unknown" and answer["predictions"][0]["probability"] > 0.9
             assert page.text_content("#verdict .answer") == "unknown"
             assert page.text_content("#verdict .reason") == f" because its {answer['unknown']['reason']}."

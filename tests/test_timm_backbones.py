@@ -403,33 +403,36 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
     run = timm_run / "checkpoints" / "timm"
     meta = json.loads((run / "latest.json").read_text())
     assert meta["pretrained_config"]["interpolation"] == "bicubic" and meta["verification"]["passed"]
-    # bicubic needs version 2; the knn score, when chosen, version 3
+    # bicubic needs version 2
+    # the knn score, when chosen, version 3  # room: unknown
     assert meta["preprocessing"]["interpolation"] == "bicubic"
-    assert meta["version"] == (3 if meta["unknown_score"] == "knn" else 2)
+    version = 2
+    version += meta["unknown_score"] == "knn"  # room: unknown
+    assert meta["version"] == version
     assert saved(run / "last.ckpt")["datamodule_hyper_parameters"]["interpolation"] == "bicubic"
-    assert 0.05 < meta["temperature"] < 20 and meta["unknown_threshold"] is not None
+    assert 0.05 < meta["temperature"] < 20
+    assert meta["unknown_threshold"] is not None  # room: unknown
     images = shapes_root / "train"  # not the validation images the threshold was set on
     predicted, inferred = tmp_path / "predict.csv", tmp_path / "infer.csv"
     checkpoint = meta["source_checkpoint"]["path"]
     flags = [f"--ckpt_path={checkpoint}", f"--data.predict_dir={images}", "--data.num_workers=0"]
-    flags += [f"--predictions.output={predicted}", "--predictions.unknown_accept=0.5"]
+    flags.append(f"--predictions.output={predicted}")
+    inferring = ["--model", str(run / "latest.onnx"), "--output", str(inferred)]
+    serving: dict[str, float] = {}  # room: serve
+    # room: unknown begin
+    flags.append("--predictions.unknown_accept=0.5")
+    inferring += ["--unknown_accept", "0.5"]
+    serving["unknown_accept"] = 0.5  # room: serve
+    # room: unknown end
     assert run_cli("predict", *flags, "--trainer.logger=false") == 0
-    infer_main(
-        [
-            "--model",
-            str(run / "latest.onnx"),
-            "--unknown_accept",
-            "0.5",
-            "--output",
-            str(inferred),
-            str(images),
-        ]
-    )
+    infer_main([*inferring, str(images)])
     by_predict, by_infer = answers(predicted), answers(inferred)
     assert len(by_infer) == 48 and by_predict.keys() == by_infer.keys()
+    # room: unknown begin
     unknown = sum(row["class_name"] == "unknown" for row in by_infer.values())
     assert 0 < unknown < 48  # the threshold at half the validation images answers some `unknown`
-    served_model = load_model(run / "latest.onnx", unknown_accept=0.5)  # room: serve
+    # room: unknown end
+    served_model = load_model(run / "latest.onnx", **serving)  # room: serve
     for name, row in by_infer.items():
         assert by_predict[name]["class_name"] == row["class_name"], name
         assert float(by_predict[name]["top1_probability"]) == pytest.approx(

@@ -21,15 +21,19 @@ import json
 import os
 import tempfile  # room: pictures
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import (
+    dataclass,
+    field,
+    replace,  # room: unknown
+)
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image
 
 from project.data.decode import pil_rgb
-from project.deploy.calibration import Outputs
+from project.deploy.calibration import Calibration, Outputs
 from project.deploy.classifier import RUNTIMES, Classifier
 
 # room: unknown begin
@@ -262,30 +266,26 @@ class ExportModel(_Predicting):
     def _logits(self, images: list[Path | bytes | np.ndarray]) -> Outputs:
         prepare = self.classifier.preprocess
         arrays = [prepare(Image.fromarray(x) if isinstance(x, np.ndarray) else x) for x in images]
-        return self.classifier.run(np.stack(arrays))  # logits, and the features `run` takes by default
+        # with the features, where the unknown score needs them  # room: unknown
+        return self.classifier.run(np.stack(arrays))
 
     def _answers(self, outputs: Outputs, top_k: int) -> list[Prediction]:
         classifier = self.classifier
-        logits = outputs.logits
-        unknown, scores = classifier.unknown(outputs)  # room: unknown
         k = len(self.class_names) if classifier.multilabel else top_k
         answers = []
-        for i, probabilities in enumerate(classifier.probabilities_of(logits)):
+        for probabilities in classifier.probabilities_of(outputs.logits):
             names, probs = classifier.top(probabilities, k)
+            chosen = [names[0]]
             if classifier.multilabel:
                 pairs = zip(self.class_names, probabilities, strict=True)
                 chosen = [n for n, p in pairs if p >= classifier.threshold]
-                answers.append(Prediction(names[0], names, probs, chosen))
-                continue
-            answer = Prediction(names[0], names, probs, [names[0]])
-            # room: unknown begin
-            score = None if scores is None else float(scores[i])
-            reason = "" if score is None else classifier.calibration.reason(score)
-            refused = bool(unknown[i])
-            label = UNKNOWN if refused else names[0]
-            answer = Prediction(label, names, probs, [] if refused else [label], refused, score, reason)
-            # room: unknown end
-            answers.append(answer)
+            answers.append(Prediction(names[0], names, probs, chosen))
+        # room: unknown begin
+        unknown, scores = classifier.unknown(outputs)
+        if scores is not None:  # the export has a threshold: each answer's verdict, its score and why
+            for i, answer in enumerate(answers):
+                answers[i] = judged(answer, bool(unknown[i]), float(scores[i]), classifier.calibration)
+        # room: unknown end
         return answers
 
 
@@ -307,7 +307,6 @@ class CheckpointModel(_Predicting):
         from project.checkpoint_io import load_checkpoint_file
         from project.checkpoint_values import checkpoint_layer
         from project.data.transforms import eval_transform
-        from project.deploy.calibration import Calibration
         from project.deploy.sidecar import Sidecar
         from project.export import load_for_export
 
@@ -330,7 +329,7 @@ class CheckpointModel(_Predicting):
             )
         )
 
-    def _logits(self, images: list[Path | bytes | np.ndarray]) -> Any:
+    def _logits(self, images: list[Path | bytes | np.ndarray]) -> Stepped:
         import torch
 
         # room: unknown begin
@@ -350,17 +349,18 @@ class CheckpointModel(_Predicting):
         batch = torch.stack([self.transform(t) for t in tensors])
         with (
             torch.no_grad(),
-            # the plain image's logits and features, as `predict` takes them for the unknown verdict
+            # the plain image's outputs, as `predict` takes them for the unknown verdict  # room: unknown
             FirstView(self.model.net, self.calibration.needs_features) as view,  # room: unknown
         ):
-            outputs = self.model.predict_step((batch, None), 0).numpy()  # predict's own step (tta included)
-            outputs = (outputs, view.take(batch))  # room: unknown
-        return outputs
+            logits = self.model.predict_step((batch, None), 0).numpy()  # predict's own step (tta included)
+            plain = view.take(batch)  # room: unknown
+        return Stepped(
+            logits,
+            plain,  # room: unknown
+        )
 
-    def _answers(self, outputs: Any, top_k: int) -> list[Prediction]:
-        logits = outputs  # the logits of predict's own step
-        logits, plain = outputs  # room: unknown
-        names = self.class_names
+    def _answers(self, outputs: Stepped, top_k: int) -> list[Prediction]:
+        logits, names = outputs.logits, self.class_names
         if self.model.multilabel:
             probabilities = 1 / (1 + np.exp(-logits))
             answers = []
@@ -370,27 +370,39 @@ class CheckpointModel(_Predicting):
                 top = [names[i] for i in order]
                 answers.append(Prediction(top[0], top, [float(p[i]) for i in order], chosen))
             return answers
-        probabilities = self.calibration.probabilities(logits)
-        # room: unknown begin
-        unknown, scored = self.calibration.verdict(plain)
-        known, scores = ~unknown, np.zeros(len(logits)) if scored is None else scored
-        threshold = self.calibration.threshold is not None
-        # room: unknown end
         answers = []
-        for i, p in enumerate(probabilities):
+        for p in self.calibration.probabilities(logits):
             order = np.argsort(-p, kind="stable")[: min(top_k, len(names))]
             top, probs = [names[i] for i in order], [float(p[i]) for i in order]
-            answer = Prediction(top[0], top, probs, [top[0]])
-            # room: unknown begin
-            ok, score = known[i], scores[i]
-            label = top[0] if ok else UNKNOWN
-            reason = self.calibration.reason(float(score))
-            answer = Prediction(
-                label, top, probs, [label] if ok else [], not ok, float(score) if threshold else None, reason
-            )
-            # room: unknown end
-            answers.append(answer)
+            answers.append(Prediction(top[0], top, probs, [top[0]]))
+        # room: unknown begin
+        unknown, scored = self.calibration.verdict(outputs.plain)
+        for i, answer in enumerate(answers):
+            score = None if scored is None else float(scored[i])
+            answers[i] = judged(answer, bool(unknown[i]), score, self.calibration)
+        # room: unknown end
         return answers
+
+
+class Stepped(NamedTuple):
+    """What `CheckpointModel._answers` reads of a batch: the logits of predict's own step (test-time
+    augmentation included)."""
+
+    logits: np.ndarray
+    plain: Outputs | None = None  # the plain view's outputs, which the unknown verdict reads  # room: unknown
+
+
+# room: unknown begin
+def judged(answer: Prediction, refused: bool, score: float | None, calibration: Calibration) -> Prediction:
+    """`answer` (a multi-class one) with its verdict: `unknown` or its class, the unknown score (None:
+    the export has no threshold) and why (`Calibration.reason`)."""
+    label = UNKNOWN if refused else answer.names[0]
+    reason = "" if score is None else calibration.reason(score)
+    labels = [] if refused else [label]
+    return replace(answer, class_name=label, labels=labels, unknown=refused, score=score, reason=reason)
+
+
+# room: unknown end
 
 
 def as_input(image: Any) -> Path | bytes | np.ndarray:

@@ -452,8 +452,11 @@ class ImageClassifier(L.LightningModule):
         image (for multi-label the logit of the mean sigmoid).
 
         The mean of logits, not the log of the mean softmax: log-probabilities are logits of another
-        kind (their logsumexp is 0), so the export's temperature and unknown threshold, fitted on
-        plain logits, would answer every image `unknown`; a mean of logits is on their scale.
+        kind (their logsumexp is 0), off the scale of the plain logits the export's temperature was
+        fitted on; a mean of logits is on their scale.
+        # room: unknown begin
+        With the log of the mean softmax, its unknown threshold would answer every image `unknown`.
+        # room: unknown end
         """
         if self.tta == "none":
             return self(images)

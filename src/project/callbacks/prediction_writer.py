@@ -65,6 +65,7 @@ class PredictionWriter(BasePredictionWriter):
     image that a distributed sampler handed to two processes (its padding) is written once.
     """
 
+    # `sidecar` is described twice below: help shows the second, the unknown room's  # room: unknown
     def __init__(
         self,
         output: str | None = None,
@@ -80,6 +81,8 @@ class PredictionWriter(BasePredictionWriter):
             sidecar: The export sidecar (.json) whose calibration applies; `auto`: the newest export
                 of --ckpt_path in its folder; null: plain softmax.
             # room: unknown begin
+            sidecar: The export sidecar (.json) whose temperature and unknown threshold apply;
+                `auto`: the newest export of --ckpt_path in its folder; null: plain softmax.
             unknown_accept: Override the export's share of validation images accepted (0: never
                 `unknown`); null: the export's.
             # room: unknown end
@@ -261,16 +264,18 @@ class PredictionWriter(BasePredictionWriter):
                 writer.writerow(prediction_csv.multilabel_row(file, names, probs, pl_module.threshold))
             return
         writer.writerow(prediction_csv.header(self._k(pl_module)))
-        for i, top_p, top_c, *verdict in rows:
-            file = relative_name(dataset.files[i], dataset.root)
-            top = [names[c] for c in top_c]
-            # room: unknown begin
-            known, score = verdict
-            if not known:
-                writer.writerow(prediction_csv.row(file, top, top_p, UNKNOWN, self.calibration.reason(score)))
-                continue
-            # room: unknown end
-            writer.writerow(prediction_csv.row(file, top, top_p))
+        for row in rows:
+            i, top_p, top_c = row[:3]
+            cells = [relative_name(dataset.files[i], dataset.root), [names[c] for c in top_c], top_p]
+            cells += self._verdict(*row[3:])  # room: unknown
+            writer.writerow(prediction_csv.row(*cells))
+
+    # room: unknown begin
+    def _verdict(self, known: bool, score: float) -> list[str]:
+        """`prediction_csv.row`'s `class_name` and `reason` for an image answered `unknown`; none else."""
+        return [] if known else [UNKNOWN, self.calibration.reason(score)]
+
+    # room: unknown end
 
     def _k(self, pl_module: L.LightningModule) -> int:
         return min(self.top_k, len(label_names(pl_module)))

@@ -69,31 +69,21 @@ class Calibration:
         bank: FeatureBank | None = None,
         # room: unknown end
     ) -> Calibration:
-        """The sidecar's calibration."""
-        found = cls(float(meta.get("temperature") or 1.0))
-        found = found.with_rule(meta, accept, bank)  # room: unknown
-        return found
+        """The sidecar's calibration: its temperature.
+
+        # room: unknown begin
+        And its unknown rule: `accept` (0 turns rejection off) overrides its share, and `bank` serves the
+        knn score.
+        # room: unknown end
+        """
+        given: dict = {"temperature": float(meta.get("temperature") or 1.0)}
+        given |= unknown_rule(meta, accept, bank)  # room: unknown
+        return cls(**given)
 
     def probabilities(self, logits: np.ndarray) -> np.ndarray:
         return softmax(logits, self.temperature)
 
     # room: unknown begin
-    def with_rule(
-        self, meta: Mapping, accept: float | None = None, bank: FeatureBank | None = None
-    ) -> Calibration:
-        """This calibration with the sidecar's unknown rule; `accept` (0 turns rejection off) overrides its
-        share, and `bank` serves the knn score."""
-        name = str(meta.get("unknown_score") or "energy")
-        threshold = meta.get("unknown_threshold")
-        table = meta.get("unknown_quantiles")
-        if accept is not None:
-            threshold = threshold_for(table, accept) if accept > 0 and table else None
-        else:
-            accept = meta.get("unknown_accept")
-        if threshold is None:
-            return Calibration(self.temperature, name)
-        return Calibration(self.temperature, name, float(threshold), _float_or_none(accept), bank)
-
     @property
     def needs_features(self) -> bool:
         """Whether the verdict needs the model's features (a feature-space score with a threshold)."""
@@ -131,6 +121,21 @@ class Calibration:
 
 
 # room: unknown begin
+def unknown_rule(meta: Mapping, accept: float | None = None, bank: FeatureBank | None = None) -> dict:
+    """The sidecar's unknown rule, as Calibration's fields; `accept` (0 turns rejection off) overrides its
+    share, and `bank` serves the knn score."""
+    name = str(meta.get("unknown_score") or "energy")
+    threshold = meta.get("unknown_threshold")
+    table = meta.get("unknown_quantiles")
+    if accept is not None:
+        threshold = threshold_for(table, accept) if accept > 0 and table else None
+    else:
+        accept = meta.get("unknown_accept")
+    if threshold is None:
+        return {"score_name": name}
+    return {"score_name": name, "threshold": float(threshold), "accept": _float_or_none(accept), "bank": bank}
+
+
 def _float_or_none(value: object) -> float | None:
     return None if value is None else float(value)
 

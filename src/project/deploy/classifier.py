@@ -45,7 +45,10 @@ RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling
 
 
 class Answer(NamedTuple):
-    """One image's answer: its top-k classes and probabilities (and whether it is `unknown`)."""
+    """One image's answer: its top-k classes and probabilities.
+
+    Also whether it is `unknown`, its unknown score and why.  # room: unknown
+    """
 
     path: Path
     names: list[str]
@@ -65,7 +68,7 @@ class Answer(NamedTuple):
 
 
 class Classifier:
-    """An exported model and its sidecar: `classify(paths)` -> Answer per file (top-k names, probabilities).
+    """An export and its sidecar: `classify(paths)` -> Answer per file (top-k names, probabilities).
 
     # room: unknown begin
     `unknown_accept` overrides the share of validation images the export's unknown threshold
@@ -98,7 +101,7 @@ class Classifier:
             unknown_accept,  # room: unknown
         )
         self.session = open_session(model, threads)
-        self.outputs = [output.name for output in self.session.get_outputs()]
+        self.outputs = [output.name for output in self.session.get_outputs()]  # room: unknown
         self._check_fits(model, sidecar)
 
     def _check_fits(self, model: Path, sidecar: Path) -> None:
@@ -172,21 +175,25 @@ class Classifier:
         """The model's logits [N, C] of a uint8 batch [N, 3, size, size]."""
         return self.session.run(["logits"], {"images": batch})[0]
 
-    def run(self, batch: np.ndarray, features: bool | None = None) -> Outputs:
-        """The model's logits [N, C] of a uint8 batch [N, 3, size, size], and its features where `features`
-        asks."""
+    def run(
+        self,
+        batch: np.ndarray,
+        features: bool | None = None,  # room: unknown
+    ) -> Outputs:
+        """The model's outputs for a uint8 batch [N, 3, size, size]: its logits [N, C].
+
         # room: unknown begin
-        # by default where the unknown score needs them, beside the images' statistics (`descriptors`)
-        if features is None:
-            features = self.calibration.needs_features
+        And its features where `features` asks (by default: where the unknown score needs them), beside
+        the images' statistics (`feature_bank.descriptors`).
         # room: unknown end
-        names = ["logits", "features"] if features else ["logits"]
-        outputs = Outputs.of(names, self.session.run(names, {"images": batch}))
+        """
         # room: unknown begin
-        if features:
+        if self.calibration.needs_features if features is None else features:
+            names = ["logits", "features"]
+            outputs = Outputs.of(names, self.session.run(names, {"images": batch}))
             return Outputs(outputs.logits, descriptors(outputs.features, batch))
         # room: unknown end
-        return outputs
+        return Outputs(self.logits(batch))
 
     def probabilities_of(self, logits: np.ndarray) -> np.ndarray:
         """Calibrated probabilities (multi-label: a sigmoid per label) of logits [N, C]."""

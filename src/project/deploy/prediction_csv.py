@@ -74,10 +74,12 @@ def row(
     and `reason` says why (`Calibration.reason`).
     # room: unknown end
     """
-    answer = names[0]
-    answer = class_name or answer  # room: unknown
-    cells = [spreadsheet_cell(file), spreadsheet_cell(answer), f"{probabilities[0]:.6f}"]
+    cells = [spreadsheet_cell(file), spreadsheet_cell(names[0]), f"{probabilities[0]:.6f}"]
     for name, probability in zip(names, probabilities, strict=True):
         cells += [spreadsheet_cell(name), f"{probability:.6f}"]
-    cells.append(reason)  # room: unknown
+    # room: unknown begin
+    if class_name:  # the answer is not the top class
+        cells[1] = spreadsheet_cell(class_name)
+    cells.append(reason)
+    # room: unknown end
     return cells

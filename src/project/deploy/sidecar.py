@@ -29,7 +29,11 @@ import itertools  # room: unknown
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import (
+    dataclass,
+    field,
+    replace,  # room: unknown
+)
 from pathlib import Path
 from typing import Any
 
@@ -159,14 +163,20 @@ class Sidecar:
         self,
         accept: float | None = None,  # room: unknown
     ) -> Calibration:
-        """The temperature to apply."""
-        calibration = Calibration.from_sidecar(self.document)
+        """The temperature to apply.
+
         # room: unknown begin
-        # and the unknown threshold; `accept` (0: off) overrides the share. A `knn` score reads the feature
-        # bank beside the sidecar, checked (`FeatureBank.load`).
-        calibration = calibration.with_rule(self.document, accept)
+        And the unknown threshold; `accept` (0: off) overrides the share. A `knn` score reads the feature
+        bank beside the sidecar, checked (`FeatureBank.load`).
+        # room: unknown end
+        """
+        calibration = Calibration.from_sidecar(
+            self.document,
+            accept,  # room: unknown
+        )
+        # room: unknown begin
         if calibration.needs_features:
-            calibration = calibration.with_rule(self.document, accept, self.bank())
+            return replace(calibration, bank=self.bank())
         # room: unknown end
         return calibration
 

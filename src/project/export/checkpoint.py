@@ -149,9 +149,10 @@ def export_checkpoint(
     deployable = Deployable(checkpoint.model).eval()
     metrics = export_metrics(checkpoint, deployable, datamodule)
     fitted = calibration(checkpoint, deployable, datamodule, settings)
-    extra: tuple[str, ...] = ()  # files beside the model's
-    extra = (feature_bank.SUFFIX,) if fitted.bank is not None else ()  # room: unknown
-    final = final_paths(checkpoint, output_dir, targets, metrics, extra)
+    extra: list[str] = []  # files beside the model's
+    if fitted.bank is not None:  # room: unknown
+        extra.append(feature_bank.SUFFIX)  # room: unknown
+    final = final_paths(checkpoint, output_dir, targets, metrics, tuple(extra))
     source = Source(deployable, export_program(deployable, checkpoint.size), checkpoint.size, settings.opset)
     batches = verification_batches(checkpoint.size, checkpoint.crop_ratio, images, checkpoint.interpolation)
     # renamed into place together once verified, in this order: the sidecar appears last
@@ -290,7 +291,10 @@ def _write_one(
 def calibration(
     checkpoint: Checkpoint, model: nn.Module, datamodule: object, settings: ExportOptions
 ) -> Fitted:
-    """The sidecar's calibration keys (and feature bank): fitted on `datamodule`'s images, or why not."""
+    """The sidecar's calibration keys, fitted on `datamodule`'s images, or why not.
+
+    And the feature bank the unknown score reads, if any.  # room: unknown
+    """
     if not settings.calibrate:
         return Fitted(calibration_skipped("turned off (calibrate=false)"))
     return calibrate_export(

@@ -45,7 +45,8 @@ BINS = 15
 MAX_IMAGES = 10_000  # evenly spaced over the split beyond this: minutes, not hours, on a CPU
 # Temperatures that leave a model its answers: at 20 a logit gap of 10 (a confident answer) becomes
 # 0.5, nearly flat; below 0.05 every answer is sharpened to one-hot. Unbounded, a near-chance model's
-# fit ran off to 1.8e7 (every probability 1/C) and its energy threshold to ~3e7.
+# fit ran off to 1.8e7 (every probability 1/C)
+# and its energy threshold to ~3e7  # room: unknown
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.05, 20.0
 # Below this many validation images the figures calibration fits move by several points from one split
 # to another (the standard error of an accuracy is up to 0.5 / sqrt(n): 3.5 points at 200)
@@ -96,21 +97,27 @@ def good_batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tenso
 
 
 def outputs_of(
-    model: nn.Module, images: torch.Tensor, features: bool = True
+    model: nn.Module, images: torch.Tensor, features: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logits, features or None) of `model` on uint8 `images`: a Deployable's penultimate features, any
-    other's logits; `features=False` leaves them out."""
+    """(logits [N, C], features or None) of `model` on uint8 `images`: a Deployable's penultimate
+    features [N, D] where `features` asks (none for a model that outputs logits alone).
+
+    # room: unknown begin
+    The features come beside the images' statistics (`feature_bank.descriptors`), [N, D + 72]: what the
+    knn score compares.
+    # room: unknown end
+    """
     out = model(images)
     logits, kept = out if isinstance(out, tuple) else (out, None)
     if kept is None or not features:
         return logits.float(), None
-    # beside the images' statistics (`feature_bank.descriptors`): what the knn score compares
     kept = torch.from_numpy(descriptors(kept.float().numpy(), images.numpy()))  # room: unknown
     return logits.float(), kept
 
 
 class Collected(NamedTuple):
-    """A model's outputs over a loader: logits [N, C] float32, features [N, D] or None, labels [N]."""
+    """A model's outputs over a loader: logits [N, C] float32, features (as `outputs_of` gives them) or
+    None, labels [N]."""
 
     logits: torch.Tensor
     features: torch.Tensor | None
@@ -118,8 +125,8 @@ class Collected(NamedTuple):
 
 
 @torch.no_grad()
-def collect(model: nn.Module, loader: DataLoader, features: bool = True) -> Collected:
-    """The outputs of `model` (uint8 images in) over `loader`; `features=False` leaves the features out."""
+def collect(model: nn.Module, loader: DataLoader, features: bool = False) -> Collected:
+    """The outputs of `model` (uint8 images in) over `loader`, with the features where `features` asks."""
     logits, kept, labels = [], [], []
     for images, targets in good_batches(loader):
         batch_logits, batch_features = outputs_of(model, images, features)
@@ -133,7 +140,7 @@ def collect(model: nn.Module, loader: DataLoader, features: bool = True) -> Coll
 
 def collect_logits(model: nn.Module, loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits [N, C] float32, labels [N]) of `model` (uint8 images in) over `loader`."""
-    logits, _, labels = collect(model, loader, features=False)
+    logits, _, labels = collect(model, loader)
     return logits, labels
 
 
@@ -256,7 +263,11 @@ def calibrate_export(
         loader = validation_loader(datamodule, size, crop_ratio, interpolation=interpolation)
     except ValueError as e:
         return Fitted(_skip(str(e)))
-    collected = collect(model, loader)
+    collected = collect(
+        model,
+        loader,
+        features=True,  # room: unknown
+    )
     logits, labels = collected.logits, collected.labels
     if len(labels) == 0:
         return Fitted(_skip("every validation image was skipped as bad"))
@@ -317,10 +328,11 @@ def checked_calibration(
             unknown,  # room: unknown
         )
     if len(labels) < FEW_IMAGES:
-        fitted = "the temperature rests"
-        fitted = "the temperature and the `unknown` threshold rest"  # room: unknown
+        fitted = ["the temperature"]
+        fitted.append("the `unknown` threshold")  # room: unknown
+        rest = " and ".join(fitted) + (" rest" if len(fitted) > 1 else " rests")
         notes.append(
-            f"only {len(labels)} validation images: {fitted} on few images (hold out at least "
+            f"only {len(labels)} validation images: {rest} on few images (hold out at least "
             f"{FEW_IMAGES} for figures that do not move from split to split)"
         )
     if notes:

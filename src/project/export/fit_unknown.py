@@ -35,7 +35,8 @@ class Evidence:
     """What the unknown scores are measured on besides the validation logits.
 
     Args:
-        features: The validation images' penultimate features [N, D]; None: the model outputs none.
+        features: The validation images' descriptors (`feature_bank.descriptors`: penultimate features and
+            image statistics) [N, D + 72]; None: the model outputs no features.
         bank: The training images' features, for the knn score; None: no knn score.
         foreign: The model's outputs on the foreign images (`project.export.foreign`).
         kinds: How many foreign images of each kind.
@@ -172,7 +173,7 @@ def gather_evidence(
     first = next(good_batches(validation))[0]
     made = foreign_images(size, list(first), class_names)
     with torch.no_grad():
-        logits, foreign_features = outputs_of(model, torch.cat(list(made.values())))
+        logits, foreign_features = outputs_of(model, torch.cat(list(made.values())), features=True)
     foreign = Outputs(logits.numpy(), None if foreign_features is None else foreign_features.numpy())
     kinds = {name: len(images) for name, images in made.items()}
     if features is None:
@@ -195,7 +196,7 @@ def training_bank(
         )
     except ValueError as e:
         return None, str(e)
-    _, features, _ = collect(model, loader)
+    _, features, _ = collect(model, loader, features=True)
     if features is None or len(features) == 0:
         return None, "every training image read for the feature bank was skipped as bad"
     return FeatureBank.of(features.numpy()), ""

@@ -16,6 +16,7 @@ from project.export.targets import FORMATS
 Format = Literal[FORMATS]  # type: ignore[valid-type]
 
 
+# `calibrate` is described twice below: help shows the second, the unknown room's  # room: unknown
 @dataclass(frozen=True)
 class ExportOptions:
     """How a checkpoint is exported; each value is checked here, before anything is written.
@@ -36,6 +37,10 @@ class ExportOptions:
             the float model.
         # room: int8 end
         calibrate: Fit the temperature on the validation split (false: plain softmax).
+        # room: unknown begin
+        calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
+            `unknown`).
+        # room: unknown end
         format: `openvino`: also write an OpenVINO IR (`<name>.xml` + `.bin`) from the ONNX
             file, verified against PyTorch the same way (needs `pip install openvino`).
     """

@@ -7,8 +7,8 @@ written beside the float model as `<name>-int8.onnx` with its own sidecar: the f
 what was measured on the validation split (the share of images whose top-1 agrees with the float
 model, the accuracy of each; for a multi-label model the share of label decisions, at the
 sidecar's threshold) and the latency of each at batch 1 and 8. Its temperature is fitted again on its
-own validation logits (and its unknown threshold, by the float export's score).  # room: unknown
-`infer` and `serve` run it like any export.
+own validation logits, and `infer` and `serve` run it like any export.
+Its unknown threshold is fitted again too, by the float export's score.  # room: unknown
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def measure(
     names = ["logits"]
     # room: unknown begin
     features = float_sidecar.unknown_score in FEATURE_SCORES  # the int8 model's, for its own threshold
-    names = ["logits", "features"] if features else names
+    names += ["features"] if features else []
     int8_features = []
     # room: unknown end
     float_logits, int8_logits, labels = [], [], []
@@ -205,26 +205,32 @@ def measure(
         if temperature >= fit_calibration.MAX_TEMPERATURE:  # refused as for the float model
             result |= fit_calibration.skipped(fit_calibration.flattening(logits, labels))
         else:
+            result |= fit_calibration.calibrate(logits, labels, temperature)
             # room: unknown begin
-            evidence = fit_unknown.Evidence(
-                np.concatenate(int8_features) if features else None,
-                float_sidecar.bank() if features else None,
-            )
-            unknown = fit_unknown.Request(float_sidecar.unknown_accept, float_sidecar.unknown_score, evidence)
+            if float_sidecar.unknown_score is not None:
+                result |= own_threshold(float_sidecar, int8_features, logits, labels, temperature)
             # room: unknown end
-            fitted = fit_calibration.calibrate(
-                logits,
-                labels,
-                temperature,
-                unknown,  # room: unknown
-            )
-            # room: unknown begin
-            # the float export's choice of score and its figures stand: only the threshold is the int8's own
-            for key in ("unknown_scores", "unknown_choice", "unknown_foreign_images"):
-                fitted.pop(key)
-            # room: unknown end
-            result |= fitted
     return result
+
+
+# room: unknown begin
+def own_threshold(
+    float_sidecar: Sidecar, features: list, logits: torch.Tensor, labels: torch.Tensor, temperature: float
+) -> dict:
+    """The int8 model's unknown keys at its own `temperature`, by the float export's score: the float
+    export's choice of score and its figures stand, only the threshold is the int8 model's own."""
+    with_features = float_sidecar.unknown_score in FEATURE_SCORES
+    evidence = fit_unknown.Evidence(
+        np.concatenate(features) if with_features else None,
+        float_sidecar.bank() if with_features else None,
+    )
+    asked = fit_unknown.Request(float_sidecar.unknown_accept, float_sidecar.unknown_score, evidence)
+    figures = ("unknown_scores", "unknown_choice", "unknown_foreign_images")
+    keys = asked.keys(logits, labels, temperature)
+    return {key: value for key, value in keys.items() if key not in figures}
+
+
+# room: unknown end
 
 
 def not_measured(result: dict, reason: str) -> dict:

@@ -69,9 +69,9 @@ class ModelSlot:
         unknown_accept: float | None = None,  # room: unknown
     ) -> None:
         self.model = model
-        self.options = (threads,)  # what each load of the model is given
-        self.options += (unknown_accept,)  # room: unknown
-        self.current = load_model(model, *self.options)
+        self.options: dict = {"threads": threads}  # what each load of the model is given
+        self.options["unknown_accept"] = unknown_accept  # room: unknown
+        self.current = load_model(model, **self.options)
         self.reloads = 0
         self.failed_reloads = 0
         self._lock = asyncio.Lock()  # two reloads at once would load the same file twice
@@ -84,7 +84,7 @@ class ModelSlot:
         """(old, new) after loading `model` again; on any error the current model stays."""
         async with self._lock:
             try:  # in a thread: requests go on being answered by the current model meanwhile
-                new = await asyncio.to_thread(load_model, self.model, *self.options)
+                new = await asyncio.to_thread(load_model, self.model, **self.options)
             except Exception:  # a UserError, or anything unforeseen: counted all the same
                 self.failed_reloads += 1
                 raise

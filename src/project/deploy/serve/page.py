@@ -2,8 +2,9 @@
 
 One self-contained HTML document (inline CSS and script, no external script, font or image), so
 it works offline and behind any reverse proxy: it calls the service's JSON routes by relative
-URLs (`predict`, `metadata`), shows the top classes with their calibrated probabilities, the
-`unknown` verdict with its reason, and the model version. Everything the service returns is
+URLs (`predict`, `metadata`), shows the top classes with their calibrated probabilities,
+the `unknown` verdict with its reason,  # room: unknown
+and the model version. Everything the service returns is
 inserted with `textContent`, never as HTML: a class name is data (an export may name a class
 `<img src=x onerror=...>`). The Content-Security-Policy in HEADERS allows only this page's own
 script (by its hash) and requests to its own origin, so even markup that got in could not run.
