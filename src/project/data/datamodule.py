@@ -320,11 +320,9 @@ class ImageDataModule(L.LightningDataModule):
             kind = format_module(self._streamed).KIND
             raise UserError(
                 f"--data.root '{self._streamed_root}' holds {kind}: fit, validate, test and export read "
-                "them, this command reads image files (folders"
-                # room: multilabel begin
-                " or a labels CSV"
-                # room: multilabel end
-                ").",
+                "them, this command reads image files"
+                " (folders or a labels CSV)"  # room: multilabel
+                ".",
                 f"point --data.root at the images the {kind} were made from "
                 f"({self.source.made_from or 'the image folder they were made from'}).",
             )
