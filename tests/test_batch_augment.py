@@ -201,6 +201,7 @@ def test_images_of_several_sizes_are_augmented_one_at_a_time(tmp_path: Path) -> 
     assert next(iter(dm.train_dataloader()))[0].shape == (2, 3, 16, 16)
 
 
+# room: multilabel begin
 def test_multilabel_rows_come_with_their_images(tmp_path: Path) -> None:
     rows = ["file,labels"]
     for i in range(8):
@@ -216,3 +217,6 @@ def test_multilabel_rows_come_with_their_images(tmp_path: Path) -> None:
     images, labels = train.__getitems__([0, 1, 2])
     assert images.shape == (3, 3, 16, 16)
     assert torch.equal(labels, torch.from_numpy(dm.splits["train"].labels[[0, 1, 2]]))
+
+
+# room: multilabel end

@@ -1,10 +1,10 @@
 """One model, the same answers everywhere: one small model per task, every command, images of every mode.
 
-A multi-class and a multi-label model are trained once per session. Each answers for the same
-"odd" images (16-bit, palette with transparency, RGBA, CMYK, EXIF-rotated, grayscale, 1x1, 3000x2000,
-and plain ones) through PyTorch in this process, `predict`, `infer` (the ONNX export) and `serve`
-(a subprocess); `validate` and `test` must reproduce what `fit` measured; and every command must give
-the same answers for the checkpoint as saved and for a copy whose tensors are tagged as written on a GPU.
+One small model per task is trained once per session. Each answers for the same "odd" images
+(16-bit, palette with transparency, RGBA, CMYK, EXIF-rotated, grayscale, 1x1, 3000x2000, and plain ones)
+through PyTorch in this process, `predict`, `infer` (the ONNX export) and `serve` (a subprocess);
+`validate` and `test` must reproduce what `fit` measured; and every command must give the same answers
+for the checkpoint as saved and for a copy whose tensors are tagged as written on a GPU.
 docs/consistency.md ("The test matrix") describes the matrix and its bounds.
 """
 
@@ -32,7 +32,11 @@ from PIL import Image
 from project.checkpoint_io import load_checkpoint_file
 from project.cli import ProjectCLI
 from project.data.decode import load_rgb
+
+# room: multilabel begin
 from project.data.multishapes import generate_multishapes
+
+# room: multilabel end
 from project.data.shapes import CLASSES, draw_shape
 from project.data.transforms import eval_transform
 from project.deploy.infer import main as infer_main
@@ -154,7 +158,9 @@ def test_the_odd_images_have_the_modes_they_claim(odd_root: Path) -> None:
 
 # ---- one trained model per task ---------------------------------------------------------------------
 
+# room: multilabel begin
 MULTILABEL_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "multilabel.yaml"
+# room: multilabel end
 
 
 @dataclass
@@ -166,7 +172,7 @@ class Run:
     data_flags: list[str]  # the data flags the fit was given
     best: Path  # the best checkpoint, as `fit` saved it
     gpu: Path  # the same checkpoint with every tensor tagged as stored on cuda:0
-    monitor: str  # val/acc or val/f1_macro: the metric in the checkpoint's file name
+    monitor: str  # val/acc, or an experiment's own: the metric in the checkpoint's file name
     fit_metrics: dict[str, float]  # every val metric logged at the end of fit
     class_names: list[str]
     cache: dict = field(default_factory=dict)  # command answers, computed once per session
@@ -247,6 +253,7 @@ def multiclass(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> R
     return train(work, "multiclass", "mc", data)
 
 
+# room: multilabel begin
 @pytest.fixture(scope="session")
 def multilabel(tmp_path_factory: pytest.TempPathFactory) -> Run:
     root = generate_multishapes(tmp_path_factory.mktemp("data") / "multishapes", 32, 16, image_size=32)
@@ -261,7 +268,11 @@ def multilabel(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return train(work, "multilabel", "ml", data, "--config", str(MULTILABEL_CONFIG))
 
 
-TASKS = ("multiclass", "multilabel")
+# room: multilabel end
+TASKS = (
+    "multiclass",
+    "multilabel",  # room: multilabel
+)
 
 
 @pytest.fixture(params=TASKS)
@@ -394,9 +405,11 @@ def reference(run: Run, files: dict[str, Path], checkpoint: Path | None = None) 
     with torch.no_grad():
         for rel, path in files.items():
             logits = model(transform(load_rgb(path))[None])[0]
-            probabilities = (
-                logits.sigmoid() if run.task == "multilabel" else (logits / temperature).softmax(0)
-            )
+            probabilities = (logits / temperature).softmax(0)
+            # room: multilabel begin
+            if run.task == "multilabel":  # a sigmoid per label, uncalibrated
+                probabilities = logits.sigmoid()
+            # room: multilabel end
             answers[rel] = probabilities.numpy()
     return answers
 
@@ -406,14 +419,20 @@ def read_csv_probabilities(path: Path, names: list[str], root: Path) -> dict[str
     answers = {}
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            if "labels" in row:  # multi-label: every label's probability
-                values = {n: float(row[f"probability_{n}"]) for n in names}
-            else:  # multi-class: the top k, here all classes
-                values = {row[f"top{k}_class"]: float(row[f"top{k}_probability"]) for k in range(1, 7)}
+            values = row_probabilities(row, names)
             file = Path(row["file"])
             rel = file.relative_to(root) if file.is_absolute() else file
             answers[rel.as_posix()] = np.array([values[n] for n in names])
     return answers
+
+
+def row_probabilities(row: dict[str, str], names: list[str]) -> dict[str, float]:
+    """Class -> probability of one CSV row: the top k, here all classes."""
+    # room: multilabel begin
+    if "labels" in row:  # multi-label: every label's probability
+        return {n: float(row[f"probability_{n}"]) for n in names}
+    # room: multilabel end
+    return {row[f"top{k}_class"]: float(row[f"top{k}_probability"]) for k in range(1, 7)}
 
 
 def predicted(run: Run, checkpoint: Path, odd_root: Path) -> dict[str, np.ndarray]:
@@ -460,9 +479,11 @@ def served(run: Run, model: Path, files: dict[str, Path], log: Path) -> dict[str
             assert status == 200, (rel, answer)
             by_name = {p["class_name"]: p["probability"] for p in answer["predictions"]}
             answers[rel] = np.array([by_name[n] for n in run.class_names])
+            # room: multilabel begin
             if run.task == "multilabel":
                 chosen = [n for n, p in zip(run.class_names, answers[rel], strict=True) if p >= 0.5]
                 assert answer["labels"] == chosen, rel
+            # room: multilabel end
     finally:
         assert server.stop() == 0, server.log()
     return answers
@@ -515,9 +536,11 @@ def test_every_command_gives_the_same_answer(answers: Any, task: str, image: str
         assert {path: int(p[rel].argmax()) for path, p in by.items()} == dict.fromkeys(
             by, int(expected.argmax())
         )
+    # room: multilabel begin
     if task == "multilabel" and np.abs(expected - 0.5).min() > DECODER_BOUND:
         labels = {path: (p[rel] >= 0.5).tolist() for path, p in by.items()}
         assert labels == dict.fromkeys(by, (expected >= 0.5).tolist())
+    # room: multilabel end
 
 
 @pytest.mark.parametrize("task", TASKS)

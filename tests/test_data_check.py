@@ -104,14 +104,17 @@ def test_labels_of_shape_n_by_1_are_named_by_their_shape() -> None:
 
 def test_one_hot_integer_labels_are_named_one_hot() -> None:
     one_hot = torch.nn.functional.one_hot(torch.arange(8) % 4, 4)
-    with pytest.raises(
-        UserError, match=r"shape \[N, 4\] that look one-hot.*Fix: turn them into .*argmax.*multilabel"
-    ):
+    with pytest.raises(UserError, match=r"shape \[N, 4\] that look one-hot.*Fix: turn them into .*argmax"):
         check_labels(one_hot, 4, "The first training batch")
+    # room: multilabel begin
+    with pytest.raises(UserError, match=r"make the task multilabel"):
+        check_labels(one_hot, 4, "The first training batch")
+    # room: multilabel end
     with pytest.raises(UserError, match=r"shape \[N, 3\]; class indices of shape \[N\] expected"):
         check_labels(torch.zeros(8, 3, dtype=torch.long), 4, "The first training batch")
 
 
+# room: multilabel begin
 def test_multi_label_targets_are_checked_as_multi_hot_rows() -> None:
     multi_hot = torch.tensor([[1, 0, 1, 1], [0, 0, 0, 0]], dtype=torch.uint8)
     for targets in (multi_hot, multi_hot.float(), multi_hot.numpy()):
@@ -122,6 +125,9 @@ def test_multi_label_targets_are_checked_as_multi_hot_rows() -> None:
         check_labels(multi_hot[:, :3], 4, "The train split", multilabel=True)
     with pytest.raises(UserError, match=r"1 multi-label target\(s\) outside \[0, 1\]: \[2\]"):
         check_labels(multi_hot + torch.eye(2, 4, dtype=torch.uint8), 4, "The train split", multilabel=True)
+
+
+# room: multilabel end
 
 
 # configs/default.yaml's settings as shipped, given here so that a clone that edits default.yaml still passes
@@ -196,7 +202,7 @@ def test_a_validation_split_too_small_to_rank_checkpoints_is_warned_about() -> N
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_small_validation(600)  # the embedded shapes' 600: no warning
-        warn_small_validation(30, multilabel=True)  # per-label metrics, not one accuracy
+        warn_small_validation(30, multilabel=True)  # room: multilabel
 
 
 def test_the_class_count_table_of_many_classes_has_a_bounded_number_of_lines() -> None:

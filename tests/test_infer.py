@@ -97,7 +97,9 @@ BAD_SIDECARS = {  # case -> (keys changed, what the error names)
     ),
     "temperature 0": ({"temperature": 0}, "'temperature' is 0; expected a finite number > 0"),
     "temperature NaN": ({"temperature": NAN}, "'temperature' is nan; expected a finite number > 0"),
+    # room: multilabel begin
     "threshold NaN": ({"task": "multilabel", "threshold": NAN}, "'threshold' is nan; expected a probability"),
+    # room: multilabel end
     # room: unknown begin
     "unknown threshold NaN": ({"unknown_threshold": NAN}, "'unknown_threshold' is nan; expected a finite"),
     "unknown score": (
@@ -118,7 +120,7 @@ BAD_SIDECARS = {  # case -> (keys changed, what the error names)
     "crop ratio near 0": ({"preprocessing": {"crop_ratio": 1e-9}}, "'preprocessing.crop_ratio' is 1e-09;"),
     "image size 0": ({"image_size": 0}, "'image_size' is 0; expected a whole number of pixels"),
     "image size as text": ({"image_size": "16"}, "'image_size' is '16'; expected a whole number"),
-    "task": ({"task": "regression"}, "'task' is 'regression'; expected one of multiclass, multilabel"),
+    "task": ({"task": "regression"}, "'task' is 'regression'; expected one of multiclass"),
     "too few class names": (
         {"class_names": ["red", "green", "blue"]},
         "Model '{onnx}' gives 4 logits per image, but its sidecar '{json}' names 3 classes in 'class_names'",

@@ -92,8 +92,12 @@ def test_negative_alpha_names_the_option(option: str) -> None:
         ImageDataModule(**{option: -0.2})
 
 
+# room: multilabel begin
 def test_multilabel_data_refuses_mixing(tmp_path: Path) -> None:
     with pytest.raises(
         UserError, match=r"--data.mixup_alpha=0.2: MixUp, CutMix and balance are for multiclass"
     ):
         ImageDataModule(labels_csv=str(tmp_path / "labels.csv"), mixup_alpha=0.2)
+
+
+# room: multilabel end

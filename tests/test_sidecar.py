@@ -21,7 +21,8 @@ def test_a_sidecar_round_trips_through_its_file(tmp_path: Path) -> None:
     loaded = Sidecar.load(path)
     assert json.loads(path.read_text()) == DOC and loaded.to_dict() == DOC
     assert loaded == Sidecar.from_dict(json.loads(json.dumps(DOC)), "elsewhere.json")
-    assert loaded.class_names == ("red", "green", "blue", "dark") and not loaded.multilabel
+    assert loaded.class_names == ("red", "green", "blue", "dark")
+    assert not loaded.multilabel  # room: multilabel
     assert (loaded.image_size, loaded.crop_ratio, loaded.resize_to) == (16, 0.875, 18)
     assert loaded.temperature == 1.5
     assert (loaded.unknown_threshold, loaded.unknown_accept) == (5.0, 0.95)  # room: unknown

@@ -52,9 +52,12 @@ class Prediction:
     """One image's answer, as `predict`, `infer` and `serve` give it.
 
     `names` and `probabilities`: the top-k classes, most probable first, with their calibrated
-    probabilities (multi-label: every label, most probable first, a sigmoid each). `class_name` is
-    the top class. `labels`: the predicted labels (multi-label: those at or above the threshold;
-    multi-class: the class).
+    probabilities. `class_name` is the top class. `labels`: the predicted labels (the class).
+    # room: multilabel begin
+
+    Multi-label: `names` and `probabilities` are every label, most probable first, a sigmoid each, and
+    `labels` those at or above the threshold.
+    # room: multilabel end
     # room: unknown begin
 
     `class_name` is `unknown` when the export's unknown threshold refuses the image (`reason` says why),
@@ -271,15 +274,14 @@ class ExportModel(_Predicting):
 
     def _answers(self, outputs: Outputs, top_k: int) -> list[Prediction]:
         classifier = self.classifier
-        k = len(self.class_names) if classifier.multilabel else top_k
+        # room: multilabel begin
+        if classifier.multilabel:
+            return self._label_answers(outputs.logits)
+        # room: multilabel end
         answers = []
         for probabilities in classifier.probabilities_of(outputs.logits):
-            names, probs = classifier.top(probabilities, k)
-            chosen = [names[0]]
-            if classifier.multilabel:
-                pairs = zip(self.class_names, probabilities, strict=True)
-                chosen = [n for n, p in pairs if p >= classifier.threshold]
-            answers.append(Prediction(names[0], names, probs, chosen))
+            names, probs = classifier.top(probabilities, top_k)
+            answers.append(Prediction(names[0], names, probs, [names[0]]))
         # room: unknown begin
         unknown, scores = classifier.unknown(outputs)
         if scores is not None:  # the export has a threshold: each answer's verdict, its score and why
@@ -287,6 +289,20 @@ class ExportModel(_Predicting):
                 answers[i] = judged(answer, bool(unknown[i]), float(scores[i]), classifier.calibration)
         # room: unknown end
         return answers
+
+    # room: multilabel begin
+    def _label_answers(self, logits: np.ndarray) -> list[Prediction]:
+        """A multi-label model's answers: every label, most probable first, and those at or above the
+        threshold."""
+        classifier, answers = self.classifier, []
+        for probabilities in classifier.probabilities_of(logits):
+            names, probs = classifier.top(probabilities, len(self.class_names))
+            pairs = zip(self.class_names, probabilities, strict=True)
+            chosen = [n for n, p in pairs if p >= classifier.threshold]
+            answers.append(Prediction(names[0], names, probs, chosen))
+        return answers
+
+    # room: multilabel end
 
 
 class CheckpointModel(_Predicting):
@@ -361,6 +377,7 @@ class CheckpointModel(_Predicting):
 
     def _answers(self, outputs: Stepped, top_k: int) -> list[Prediction]:
         logits, names = outputs.logits, self.class_names
+        # room: multilabel begin
         if self.model.multilabel:
             probabilities = 1 / (1 + np.exp(-logits))
             answers = []
@@ -370,6 +387,7 @@ class CheckpointModel(_Predicting):
                 top = [names[i] for i in order]
                 answers.append(Prediction(top[0], top, [float(p[i]) for i in order], chosen))
             return answers
+        # room: multilabel end
         answers = []
         for p in self.calibration.probabilities(logits):
             order = np.argsort(-p, kind="stable")[: min(top_k, len(names))]

@@ -262,7 +262,13 @@ class ProjectCLI(LightningCLI):
             parser.add_lightning_class_args(callback, group)
             parser.set_defaults({f"{group}.{key}": value for key, value in defaults.items()})
         if getattr(self, "_building", None) not in CHECKPOINT_ONLY:
-            for key in ("num_classes", "class_names", "image_size", "task", "class_weights"):
+            for key in (
+                "num_classes",
+                "class_names",
+                "image_size",
+                "task",  # room: multilabel
+                "class_weights",
+            ):
                 parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
 
     @override

@@ -4,7 +4,8 @@ A cell that a spreadsheet would evaluate (it starts with = + - @, a tab or a car
 "CSV injection" page lists) is written with a leading `'` (`spreadsheet_cell`). So that every name stays
 exact, a cell of `'`s before such a character gets one more `'` too; a reader removes one leading `'`
 where `'`s precede such a character (`original_cell`). The predictions CSV (`deploy/prediction_csv.py`)
-and the audit's CSVs are written this way; the labels CSV of `--data.labels_csv` is read this way.
+and the audit's CSVs are written this way.
+The labels CSV of `--data.labels_csv` is read this way.  # room: multilabel
 """
 
 from __future__ import annotations

@@ -9,7 +9,11 @@ import lightning as L
 import torch
 
 from project.backbones import head_of
+
+# room: multilabel begin
 from project.model import is_multilabel
+
+# room: multilabel end
 
 MiB = 2**20
 
@@ -44,10 +48,11 @@ def measure(model: L.LightningModule, trainer: L.Trainer, batch_size: int, image
     model = plugin.convert_module(model).to(device).train()
     num_classes = model.hparams.num_classes
     images = torch.randint(0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, device=device)
+    labels = torch.randint(0, num_classes, (batch_size,), device=device)
+    # room: multilabel begin
     if is_multilabel(model):
         labels = torch.randint(0, 2, (batch_size, num_classes), dtype=torch.uint8, device=device)
-    else:
-        labels = torch.randint(0, num_classes, (batch_size,), device=device)
+    # room: multilabel end
     params = [p for p in model.parameters()]
     trainable = [p for p in params if p.requires_grad]
     optimizer = model.optimizer([{"params": trainable}])

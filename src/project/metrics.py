@@ -33,6 +33,7 @@ def classification_metrics(num_classes: int, prefix: str) -> MetricCollection:
     return MetricCollection(metrics, prefix=prefix, compute_groups=False)
 
 
+# room: multilabel begin
 def multilabel_metrics(num_labels: int, threshold: float, prefix: str) -> MetricCollection:
     """Accuracy and F1 averaged over labels, mean average precision, and exact match of the label sets."""
     from torchmetrics import MetricCollection
@@ -62,3 +63,6 @@ def per_label_metrics(num_labels: int, threshold: float, prefix: str) -> MetricC
         "f1": MultilabelF1Score(num_labels, threshold, average="none"),
     }
     return MetricCollection(metrics, prefix=prefix, compute_groups=False)
+
+
+# room: multilabel end

@@ -15,7 +15,10 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MultilabelAccuracy
+from torchmetrics.classification import (
+    MulticlassAccuracy,
+    MultilabelAccuracy,  # room: multilabel
+)
 from typing_extensions import override
 
 from project.backbones import build_backbone, preprocessing
@@ -23,16 +26,22 @@ from project.config_checks import positive_int, require
 from project.errors import UserError
 from project.finetune import depth_groups, fix_batchnorm
 from project.finetune import freeze_backbone as set_frozen
-from project.metrics import classification_metrics, multilabel_metrics, per_label_metrics
+from project.metrics import (
+    classification_metrics,
+    multilabel_metrics,  # room: multilabel
+    per_label_metrics,  # room: multilabel
+)
 from project.optim import build_optimizer, match_state_layout
 from project.schedulers import WarmupCosineLR
 
-TASKS = ("multiclass", "multilabel")  # the values of ImageClassifier's `task`
 
-
+# room: multilabel begin
 def is_multilabel(model: object) -> bool:
     """Whether `model` gives each image any number of labels (its `task`); without a task: one class."""
     return getattr(model, "task", "multiclass") == "multilabel"
+
+
+# room: multilabel end
 
 
 def refuse_plain_learnt_tensors(model: nn.Module) -> None:
@@ -69,15 +78,10 @@ def label_names(model: object, count: int | None = None) -> list[str]:
     return [str(i) for i in range(model.hparams["num_classes"] if count is None else count)]
 
 
-def check_class_weights(class_weights: list[float] | None, num_classes: int, task: str) -> None:
-    """One positive, finite weight per class, for a multiclass model."""
+def check_class_weights(class_weights: list[float] | None, num_classes: int) -> None:
+    """One positive, finite weight per class."""
     if class_weights is None:
         return
-    if task == "multilabel":
-        raise UserError(
-            "--model.class_weights is for multiclass models; this one is multilabel.",
-            "remove --model.class_weights (and --data.balance) for multi-label data.",
-        )
     require(
         len(class_weights) == num_classes and all(math.isfinite(w) and w > 0 for w in class_weights),
         "model.class_weights",
@@ -151,8 +155,10 @@ class ImageClassifier(L.LightningModule):
         std: tuple[float, float, float] | None = None,
         channels_last: bool | Literal["auto"] = "auto",
         compile: bool = False,
+        # room: multilabel begin
         task: Literal["multiclass", "multilabel"] = "multiclass",
         threshold: float = 0.5,
+        # room: multilabel end
     ) -> None:
         """
         Args:
@@ -188,9 +194,11 @@ class ImageClassifier(L.LightningModule):
                 shufflenet: 1.1-1.5x per step on the CPU, measured; resnets and ConvNeXt gain nothing),
                 contiguous elsewhere, including every export; true: always (tensor-core GPUs).
             compile: Compile the network with torch.compile.
+            # room: multilabel begin
             task: multiclass (one class per image: softmax, cross-entropy) or multilabel (any number of
                 labels per image: a sigmoid per label, binary cross-entropy); linked from the data.
             threshold: Multi-label only: a label is predicted when its probability reaches this.
+            # room: multilabel end
         """
         super().__init__()
         if num_classes is None:
@@ -202,7 +210,14 @@ class ImageClassifier(L.LightningModule):
         require(0 <= label_smoothing < 1, "model.label_smoothing", label_smoothing, "a number in [0, 1)")
         require(head_epochs >= 0, "model.head_epochs", head_epochs, "a whole number of epochs, 0 or more")
         require(0 < layer_decay <= 1, "model.layer_decay", layer_decay, "a number in (0, 1]")
-        check_class_weights(class_weights, num_classes, task)
+        # room: multilabel begin
+        if task == "multilabel" and class_weights is not None:
+            raise UserError(
+                "--model.class_weights is for multiclass models; this one is multilabel.",
+                "remove --model.class_weights (and --data.balance) for multi-label data.",
+            )
+        # room: multilabel end
+        check_class_weights(class_weights, num_classes)
         # what the pretrained weights expect; kept in checkpoints and export sidecars
         self.pretrained_config = preprocessing(backbone, weights)
         mean = tuple(mean) if mean is not None else self.pretrained_config["mean"]
@@ -222,8 +237,10 @@ class ImageClassifier(L.LightningModule):
         self.layer_decay = layer_decay
         self.tta = tta
         self.backbone_frozen = freeze_backbone  # also true in the head-only epochs of a fine-tuning
+        # room: multilabel begin
         self.task = task
         self.threshold = threshold
+        # room: multilabel end
         self.normalize = Normalize(mean, std)
         # not in the state dict: the weights are a hyper-parameter (checkpoints keep them there)
         weight = torch.tensor(class_weights, dtype=torch.float) if class_weights is not None else None
@@ -237,27 +254,31 @@ class ImageClassifier(L.LightningModule):
             self.net = self.net.to(memory_format=torch.channels_last)
         if freeze_backbone:
             set_frozen(self.net, True)
-        if self.multilabel:
+        train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_metrics = classification_metrics(num_classes, "val/")
+        self.test_metrics = classification_metrics(num_classes, "test/")
+        # room: multilabel begin
+        self.val_per_label = self.test_per_label = None
+        if self.multilabel:  # averaged over labels, and each label's own
             train_acc = MultilabelAccuracy(num_classes, threshold, average="macro")
             self.val_metrics = multilabel_metrics(num_classes, threshold, "val/")
             self.test_metrics = multilabel_metrics(num_classes, threshold, "test/")
             self.val_per_label = per_label_metrics(num_classes, threshold, "val/")
             self.test_per_label = per_label_metrics(num_classes, threshold, "test/")
-        else:
-            train_acc = MulticlassAccuracy(num_classes, average="micro")
-            self.val_metrics = classification_metrics(num_classes, "val/")
-            self.test_metrics = classification_metrics(num_classes, "test/")
-            self.val_per_label = self.test_per_label = None
+        # room: multilabel end
         self.train_metrics = MetricCollection({"acc": train_acc}, prefix="train/")
         # a metric, not a logged mean of means: exact over all images, also across DDP ranks
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # kept in checkpoints, so a resumed run knows its best
 
+    # room: multilabel begin
     @property
     def multilabel(self) -> bool:
         """Any number of labels per image (sigmoid, binary cross-entropy), not one class (softmax)."""
         return is_multilabel(self)
+
+    # room: multilabel end
 
     @property
     def label_names(self) -> list[str]:
@@ -358,15 +379,22 @@ class ImageClassifier(L.LightningModule):
         (MixUp/CutMix's soft targets); `weight` weighs the classes (training only)."""
         images, labels = batch
         logits = self(images) if logits is None else logits
+        # room: multilabel begin
         if self.multilabel:
             targets = labels.float() * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
             return F.binary_cross_entropy_with_logits(logits, targets), logits
+        # room: multilabel end
         loss = F.cross_entropy(logits, labels, weight=weight, label_smoothing=self.label_smoothing)
         return loss, logits
 
-    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
-        """What the metrics see: logits, or for multi-label the probabilities (torchmetrics would guess)."""
-        return logits.float().sigmoid() if self.multilabel else logits
+    def _metric_inputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the metrics see: the logits and a class per image (MixUp/CutMix's soft targets: the
+        dominant class, the larger share)."""
+        # room: multilabel begin
+        if self.multilabel:  # the probabilities (torchmetrics would guess) and the 0/1 rows
+            return logits.float().sigmoid(), labels
+        # room: multilabel end
+        return logits, labels.argmax(dim=1) if labels.is_floating_point() else labels
 
     @override
     def training_step(
@@ -375,10 +403,7 @@ class ImageClassifier(L.LightningModule):
         if batch is None:  # every image of the batch was skipped as unreadable
             return None
         loss, logits = self.loss(batch, weight=self.class_weight)
-        labels = batch[1]
-        if not self.multilabel and labels.is_floating_point():
-            labels = labels.argmax(dim=1)  # MixUp/CutMix: the dominant class (the larger share) counts
-        self.train_metrics.update(self._scores(logits.detach()), labels)
+        self.train_metrics.update(*self._metric_inputs(logits.detach(), batch[1]))
         self.log("train/loss", loss, prog_bar=True)
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return loss
@@ -389,11 +414,11 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         # the logits go to the callbacks: no second forward pass
         # (the confusion matrix and the misclassified images read them)  # room: pictures
-        return self._evaluate(batch, self.val_metrics, self.val_loss, "val/loss", self.val_per_label)
+        return self._evaluate(batch, self.val_metrics, self.val_loss, "val/loss")
 
     @override
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, self.test_loss, "test/loss", self.test_per_label)
+        self._evaluate(batch, self.test_metrics, self.test_loss, "test/loss")
 
     def _evaluate(
         self,
@@ -401,20 +426,23 @@ class ImageClassifier(L.LightningModule):
         metrics: MetricCollection,
         loss_metric: MeanMetric,
         loss_name: str,
-        per_label: MetricCollection | None,
     ) -> torch.Tensor | None:
         if batch is None:
             return None
         loss, logits = self.loss(batch, self._views_logits(batch[0]))
-        scores = self._scores(logits)
-        metrics.update(scores, batch[1])
+        scores, labels = self._metric_inputs(logits, batch[1])
+        metrics.update(scores, labels)
+        # room: multilabel begin
+        per_label = self.val_per_label if loss_name.startswith("val") else self.test_per_label
         if per_label is not None:
-            per_label.update(scores, batch[1])
+            per_label.update(scores, labels)
+        # room: multilabel end
         loss_metric.update(loss, weight=len(batch[1]))
         self.log(loss_name, loss_metric, on_epoch=True, prog_bar=True)
         self.log_dict(metrics, on_epoch=True, prog_bar=loss_name.startswith("val"))
         return logits
 
+    # room: multilabel begin
     def _log_per_label(self, per_label: MetricCollection | None) -> None:
         """Log each label's metrics by name (vectors cannot be logged as metric objects), then reset."""
         if per_label is None:
@@ -429,9 +457,10 @@ class ImageClassifier(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_per_label(self.test_per_label)
 
+    # room: multilabel end
     @override
     def on_validation_epoch_end(self) -> None:
-        self._log_per_label(self.val_per_label)
+        self._log_per_label(self.val_per_label)  # room: multilabel
         if self.trainer.sanity_checking:
             return
         self.val_acc_best.update(self.val_metrics["acc"].compute())
@@ -449,7 +478,10 @@ class ImageClassifier(L.LightningModule):
 
     def _views_logits(self, images: torch.Tensor) -> torch.Tensor:
         """Logits for evaluation: with `tta=flip`, the mean of the logits of the image and its mirror
-        image (for multi-label the logit of the mean sigmoid).
+        image.
+        # room: multilabel begin
+        For multi-label, the logit of the mean sigmoid.
+        # room: multilabel end
 
         The mean of logits, not the log of the mean softmax: log-probabilities are logits of another
         kind (their logsumexp is 0), off the scale of the plain logits the export's temperature was
@@ -461,8 +493,10 @@ class ImageClassifier(L.LightningModule):
         if self.tta == "none":
             return self(images)
         views = torch.stack([self(images), self(images.flip(-1))]).float()
+        # room: multilabel begin
         if self.multilabel:
             return torch.logit(views.sigmoid().mean(0), eps=1e-6)
+        # room: multilabel end
         return views.mean(0)
 
     # ---- optimization ----

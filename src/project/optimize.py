@@ -1,6 +1,6 @@
 """`python -m project optimize`: any image layout fit reads, as LitData shards per split (data/shards.py).
 
-The splits are the data module's own (folders, --data.val_split, --data.labels_csv), so the shards hold
+The splits are the data module's own (whatever format it reads, --data.val_split), so the shards hold
 exactly the images and labels fit would train on. Each split's samples are written in a seeded random
 order (--data.split_seed): chunks and the windows LitData shuffles within then mix the classes, as a
 shuffled folder does (in class order, most training batches held one class and a model stayed at
@@ -123,8 +123,8 @@ def parser() -> ArgumentParser:
         "val_split",
         "split_seed",
         "num_classes",
-        "labels_csv",
-        "label_delimiter",
+        "labels_csv",  # room: multilabel
+        "label_delimiter",  # room: multilabel
         "skip_bad_images",
     }
     skip = set(inspect.signature(ImageDataModule.__init__).parameters) - layout - {"self"}
@@ -211,10 +211,18 @@ def main(argv: list[str]) -> None:
     positive_int("workers", workers)
     out = str(args.output)
     data = ImageDataModule(**args.data.as_dict())
-    if args.data.root is not None and args.data.labels_csv is None and shards.has_index(args.data.root):
+    if (
+        args.data.root is not None
+        and args.data.labels_csv is None  # room: multilabel
+        and shards.has_index(args.data.root)
+    ):
         raise UserError(
             f"--data.root '{args.data.root}' holds shards already: optimize reads image files.",
-            "point --data.root at a folder of images (or --data.labels_csv at a labels CSV).",
+            "point --data.root at a folder of images"
+            # room: multilabel begin
+            " (or --data.labels_csv at a labels CSV)"
+            # room: multilabel end
+            ".",
         )
     if not shards.output_is_empty(out):
         raise UserError(
@@ -231,8 +239,10 @@ def main(argv: list[str]) -> None:
             url = shards.join(out, name)
             summary[name] = write_split(index, url, args.max_side, workers, args.data.split_seed, skip_log)
         report_skipped(out, Path(skipped))
+    task = "multiclass"  # one class per sample
+    task = data.task  # room: multilabel
     record = shards.ShardsRecord(
-        data.task, tuple(splits["train"].class_names), summary, str(data.root.resolve()), args.max_side
+        task, tuple(splits["train"].class_names), summary, str(data.root.resolve()), args.max_side
     )
     shards.write_index(out, record)
     total = sum(s.count for s in summary.values())

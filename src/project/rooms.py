@@ -180,6 +180,17 @@ ROOMS = {
         files=("src/project/callbacks/ema.py", "tests/test_ema.py"),
     ),
     # room: ema end
+    # room: multilabel begin
+    "multilabel": Room(
+        "multi-label classification (`--data.labels_csv`): a sigmoid per label, per-label metrics, threshold",
+        files=(
+            "src/project/data/labels_csv.py",
+            "src/project/data/multishapes.py",
+            "tests/test_multilabel.py",
+            "configs/experiments/multilabel.yaml",
+        ),
+    ),
+    # room: multilabel end
     # room: timm begin
     "timm": Room(
         "timm's models as backbones (`--model.backbone=timm/<name>`), weights from the Hugging Face hub",

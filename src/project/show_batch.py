@@ -74,15 +74,21 @@ def _items(dataset: Dataset, indices: list[int], count: int) -> tuple[torch.Tens
 
 
 def _captions(labels: torch.Tensor, names: list[str]) -> list[str]:
-    """The class name; MixUp/CutMix: the dominant class and its share; multi-label: every label."""
+    """The class name; MixUp/CutMix: the dominant class and its share.
+    # room: multilabel begin
+    Multi-label: every label.
+    # room: multilabel end
+    """
     if labels.ndim == 1:
         return [names[int(y)] for y in labels]
-    if labels.is_floating_point():
-        shares, top = labels.max(dim=1)
-        return [f"{names[int(t)]} {float(s):.0%}" for s, t in zip(shares, top, strict=True)]
-    return [
-        " ".join(n for n, on in zip(names, row.tolist(), strict=True) if on) or "(none)" for row in labels
-    ]
+    # room: multilabel begin
+    if not labels.is_floating_point():
+        return [
+            " ".join(n for n, on in zip(names, row.tolist(), strict=True) if on) or "(none)" for row in labels
+        ]
+    # room: multilabel end
+    shares, top = labels.max(dim=1)
+    return [f"{names[int(t)]} {float(s):.0%}" for s, t in zip(shares, top, strict=True)]
 
 
 def _beside(left: np.ndarray, right: np.ndarray) -> np.ndarray:

@@ -225,7 +225,11 @@ def audit(cli: AuditCLI) -> Findings:
         good=good,
         images=images,
         outputs=outputs,
-        issues=find_label_issues(labels, outputs.probabilities, getattr(cli.model, "threshold", 0.5)),
+        issues=find_label_issues(
+            labels,
+            outputs.probabilities,
+            getattr(cli.model, "threshold", 0.5),  # room: multilabel
+        ),
         pairs=find_duplicates(
             [images.digests[i] for i in good],
             images.hashes[good],

@@ -1,8 +1,9 @@
 """The audit's view of the data: fit's data module, plus the layouts that have no validation split.
 
-An audit needs no split: a folder of class folders, `train/` alone, or a labels CSV without a split
-column are audited whole (their split is `all`, or `train`). Everything else is fit's index as is.
-Shards are audited from their images, written to a temporary folder first (multiclass shards).
+An audit needs no split: a folder of class folders or `train/` alone are audited whole (their split
+is `all`, or `train`), as is a labels CSV without a split column.  # room: multilabel
+Everything else is fit's index as is. Shards are audited from their images, written to a temporary
+folder first (multiclass shards).
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ import numpy as np
 
 from project.data.datamodule import ImageDataModule
 from project.data.index import ImageIndex
+
+# room: multilabel begin
 from project.data.source import format_module
 from project.errors import UserError
 from project.model import is_multilabel
+
+# room: multilabel end
 
 WHOLE = "all"  # the split name of images that belong to no split
 
@@ -33,7 +38,8 @@ class AuditDataModule(ImageDataModule):
         if self.val_split is not None:
             return ImageDataModule.splits.func(self)  # split as fit would split it
         # a layout that fit would need --data.val_split for is audited as it is
-        key = WHOLE if self.labels_csv is not None or not (self.root / "train").is_dir() else "train"
+        key = WHOLE if not (self.root / "train").is_dir() else "train"
+        key = WHOLE if self.labels_csv is not None else key  # room: multilabel
         splits = self._read_splits(lambda index, problem, instead: {key: index})
         self._check_num_classes(next(iter(splits.values())).class_names)
         return splits
@@ -42,12 +48,14 @@ class AuditDataModule(ImageDataModule):
         """Streamed data (shards) is audited from its images, written once to a temporary folder that is then
         the root."""
         source = self.source
+        # room: multilabel begin
         if is_multilabel(source):
             raise UserError(
                 f"audit reads multi-label data from a labels CSV; '{source.where}' holds multi-label "
                 f"{format_module(self._streamed).KIND}.",
                 f"audit the images and CSV they were made from ({source.made_from or 'their folder'}).",
             )
+        # room: multilabel end
         self._extracted = tempfile.TemporaryDirectory(prefix="audit-shards-")  # removed with this object
         folder = Path(self._extracted.name)
         print(f"Writing the images of '{source.where}' to '{folder}' for the audit (removed at its end)...")

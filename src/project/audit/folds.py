@@ -27,7 +27,11 @@ from typing_extensions import override
 from project.audit.stop import StopPoint
 from project.backbones import head_of
 from project.errors import UserError
+
+# room: multilabel begin
 from project.model import is_multilabel
+
+# room: multilabel end
 
 # The default recipe's length: about this many training images seen per fold, within [MIN, MAX] epochs
 # (small data sets need more passes to learn anything; large ones fewer).
@@ -45,25 +49,33 @@ class FoldOutputs:
 
 
 def make_folds(labels: np.ndarray, folds: int, seed: int) -> np.ndarray:
-    """The fold of each image: stratified by class (multi-label: shuffled), the same for the same seed."""
-    from sklearn.model_selection import KFold, StratifiedKFold  # cleanlab's dependency: the audit extra
-
-    if labels.ndim == 2:
-        splitter = KFold(folds, shuffle=True, random_state=seed)
-    else:
-        counts = np.bincount(labels)
-        smallest = int(counts[counts > 0].min())
-        if smallest < folds:
-            raise UserError(
-                f"--folds={folds}, but a class has only {smallest} readable images: every fold needs one "
-                "image of every class.",
-                f"use --folds={max(2, smallest)} or fewer, or add images to the small classes.",
-            )
-        splitter = StratifiedKFold(folds, shuffle=True, random_state=seed)
+    """The fold of each image: stratified by class, the same for the same seed."""
+    splitter = fold_splitter(labels, folds, seed)
     fold_of = np.empty(len(labels), dtype=np.int64)
     for k, (_, held_out) in enumerate(splitter.split(np.zeros(len(labels)), labels)):
         fold_of[held_out] = k
     return fold_of
+
+
+def fold_splitter(labels: np.ndarray, folds: int, seed: int) -> object:
+    """scikit-learn's stratified k folds, shuffled by `seed`; refused when a class is too small for them."""
+    from sklearn.model_selection import StratifiedKFold  # cleanlab's dependency: the audit extra
+
+    # room: multilabel begin
+    if labels.ndim == 2:  # multi-hot rows: no one class to stratify by, shuffled folds
+        from sklearn.model_selection import KFold
+
+        return KFold(folds, shuffle=True, random_state=seed)
+    # room: multilabel end
+    counts = np.bincount(labels)
+    smallest = int(counts[counts > 0].min())
+    if smallest < folds:
+        raise UserError(
+            f"--folds={folds}, but a class has only {smallest} readable images: every fold needs one "
+            "image of every class.",
+            f"use --folds={max(2, smallest)} or fewer, or add images to the small classes.",
+        )
+    return StratifiedKFold(folds, shuffle=True, random_state=seed)
 
 
 def default_epochs(train_images: int) -> int:
@@ -196,6 +208,9 @@ def predict(
     finally:
         handle.remove()
     logits = torch.cat([b.float().cpu() for b in batches])  # predict_step returns logits
-    multilabel = is_multilabel(model)
-    probs = (logits.sigmoid() if multilabel else logits.softmax(1)).numpy()
-    return probs, torch.cat(captured).numpy()
+    features = torch.cat(captured).numpy()
+    # room: multilabel begin
+    if is_multilabel(model):  # a sigmoid per label
+        return logits.sigmoid().numpy(), features
+    # room: multilabel end
+    return logits.softmax(1).numpy(), features

@@ -65,17 +65,25 @@ class Findings:
     def oof_accuracy(self) -> float:
         labels = self.index.labels[self.good]
         probs = self.outputs.probabilities
+        # room: multilabel begin
         if labels.ndim == 2:
             return float(((probs >= 0.5) == labels.astype(bool)).mean())
+        # room: multilabel end
         return float((probs.argmax(axis=1) == labels).mean())
 
     @property
     def chance_accuracy(self) -> float:
-        """The accuracy of always answering the largest class (multi-label: each label's majority)."""
+        """The accuracy of always answering the largest class.
+        # room: multilabel begin
+        For multi-label data, each label's majority.
+        # room: multilabel end
+        """
         labels = self.index.labels[self.good]
+        # room: multilabel begin
         if labels.ndim == 2:
             rate = labels.astype(bool).mean(axis=0)
             return float(np.maximum(rate, 1 - rate).mean())
+        # room: multilabel end
         return float(np.bincount(labels).max() / len(labels))
 
     @property

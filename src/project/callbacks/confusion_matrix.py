@@ -13,7 +13,11 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from typing_extensions import override
 
 from project import figures
-from project.callbacks.pictures import add_image, single_label, step
+from project.callbacks.pictures import (
+    add_image,
+    single_label,  # room: multilabel
+    step,
+)
 from project.callbacks.tensorboard import writer
 from project.figures import MAX_LOGGED_COUNTS
 from project.model import label_names
@@ -50,7 +54,8 @@ class ConfusionMatrix(Callback):
 
     @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._active = self.enabled and single_label(pl_module)
+        self._active = self.enabled
+        self._active = self._active and single_label(pl_module)  # room: multilabel
         if not self._active:
             return
         if self.matrix is None:

@@ -20,7 +20,11 @@ from project.callbacks.trackers import send_text
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError
 from project.export.fit_calibration import FEW_IMAGES
+
+# room: multilabel begin
 from project.model import is_multilabel
+
+# room: multilabel end
 from project.terminal import printable
 
 PHOTO_SIDE = 128  # a median short side of at least this many pixels: photos, not thumbnails
@@ -59,11 +63,16 @@ class DataCheck(Callback):
         source = getattr(trainer.datamodule, "source", None)
         if source is None or num_classes is None:
             return
-        multilabel = is_multilabel(pl_module)
+        multilabel = is_multilabel(pl_module)  # room: multilabel
         for split in source.split_names:
             labels = source.labels(split)  # None: checked as each sample is read (shards)
             if labels is not None:
-                check_labels(labels, num_classes, f"The {split} split", multilabel)
+                check_labels(
+                    labels,
+                    num_classes,
+                    f"The {split} split",
+                    multilabel,  # room: multilabel
+                )
         counts = {split: source.class_counts(split) for split in source.split_names}
         table = class_count_table(counts)
         rank_zero_info(table)  # its class names are escaped: folder names may hold control characters
@@ -72,7 +81,10 @@ class DataCheck(Callback):
         for split, split_counts in counts.items():
             self._warn_imbalance(split, split_counts, balance if split == "train" else None)
         if "val" in counts:
-            warn_small_validation(sum(counts["val"].values()), multilabel)
+            warn_small_validation(
+                sum(counts["val"].values()),
+                multilabel,  # room: multilabel
+            )
         if "train" in source.split_names:
             warn_photos_with_shapes_defaults(trainer, source)
 
@@ -135,18 +147,30 @@ class DataCheck(Callback):
         images, labels = batch
         num_classes = pl_module.hparams.get("num_classes")
         if num_classes is not None:
-            check_labels(labels, num_classes, "The first training batch", is_multilabel(pl_module))
+            check_labels(
+                labels,
+                num_classes,
+                "The first training batch",
+                is_multilabel(pl_module),  # room: multilabel
+            )
         check_inputs(images)
         table = batch_table(images, labels, num_classes)
         rank_zero_info(table)
         log_text(trainer, "data_check/first_batch", table)
 
 
-def warn_small_validation(images: int, multilabel: bool = False) -> None:
+def warn_small_validation(
+    images: int,
+    multilabel: bool = False,  # room: multilabel
+) -> None:
     """A validation split too small to rank checkpoints: its accuracy moves by more than the gap between
     epochs, so the best checkpoint (and the export made from it) is partly chance."""
-    if multilabel or images >= FEW_IMAGES or images == 0:
+    if images >= FEW_IMAGES or images == 0:
         return
+    # room: multilabel begin
+    if multilabel:  # per-label metrics, not one accuracy
+        return
+    # room: multilabel end
     error = 0.5 / math.sqrt(images)  # the standard error of an accuracy near 0.5
     rank_zero_warn(
         f"The validation split has only {images} images: val/acc has a standard error of up to "
@@ -181,18 +205,26 @@ def warn_photos_with_shapes_defaults(trainer: L.Trainer, source: Any) -> None:
 
 
 def check_labels(
-    labels: torch.Tensor | np.ndarray, num_classes: int, where: str, multilabel: bool = False
+    labels: torch.Tensor | np.ndarray,
+    num_classes: int,
+    where: str,
+    multilabel: bool = False,  # room: multilabel
 ) -> None:
-    """Multiclass: class indices [N] in [0, num_classes); multilabel: 0/1 targets [N, num_classes].
+    """Class indices [N] in [0, num_classes) (or soft targets [N, num_classes]).
+    # room: multilabel begin
+    Multi-label: 0/1 targets [N, num_classes].
+    # room: multilabel end
 
     Anything else fails later inside PyTorch (a device-side assert on GPU, a shape error on CPU).
     """
     labels = torch.as_tensor(labels).detach().cpu()
     if labels.numel() == 0:
         return
+    # room: multilabel begin
     if multilabel:
         _check_multi_hot(labels, num_classes, where)
         return
+    # room: multilabel end
     if labels.is_floating_point():
         return  # soft targets (probabilities per class): cross-entropy takes them as they are
     if labels.ndim != 1:
@@ -216,8 +248,11 @@ def _refuse_shape(labels: torch.Tensor, num_classes: int, where: str) -> None:
         raise UserError(
             f"{where} has labels of shape {shape} that look one-hot; a multiclass model expects class "
             f"indices of shape [N] (0..{num_classes - 1}).",
-            "turn them into indices (labels.argmax(dim=1)) in the dataset; or, if an image may carry "
-            "several classes, make the task multilabel (model task='multilabel').",
+            "turn them into indices (labels.argmax(dim=1)) in the dataset"
+            # room: multilabel begin
+            "; or, if an image may carry several classes, make the task multilabel (model task='multilabel')"
+            # room: multilabel end
+            ".",
         )
     raise UserError(
         f"{where} has labels of shape {shape}; class indices of shape [N] expected "
@@ -227,6 +262,7 @@ def _refuse_shape(labels: torch.Tensor, num_classes: int, where: str) -> None:
     )
 
 
+# room: multilabel begin
 def _check_multi_hot(labels: torch.Tensor, num_classes: int, where: str) -> None:
     """Multi-label targets: one 0/1 row of num_classes per image (float or integer)."""
     if labels.ndim != 2 or labels.shape[1] != num_classes:
@@ -242,6 +278,9 @@ def _check_multi_hot(labels: torch.Tensor, num_classes: int, where: str) -> None
             f"{sorted(set(bad.tolist()))[:10]}.",
             "give each image a multi-hot row: 1 for each class it shows, 0 otherwise.",
         )
+
+
+# room: multilabel end
 
 
 def check_inputs(images: torch.Tensor) -> None:

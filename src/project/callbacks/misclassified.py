@@ -9,7 +9,11 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from project.callbacks.pictures import add_image, captioned_grid, single_label
+from project.callbacks.pictures import (
+    add_image,
+    captioned_grid,
+    single_label,  # room: multilabel
+)
 from project.figures import WRONG
 from project.model import label_names
 
@@ -35,7 +39,8 @@ class Misclassified(Callback):
 
     @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        on = self.enabled and trainer.is_global_zero and single_label(pl_module)
+        on = self.enabled and trainer.is_global_zero
+        on = on and single_label(pl_module)  # room: multilabel
         self._found, self._missing = [], self.count if on else 0
 
     @override

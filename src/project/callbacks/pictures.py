@@ -11,7 +11,11 @@ from torchvision.utils import make_grid
 
 from project import figures
 from project.callbacks.tensorboard import writer
+
+# room: multilabel begin
 from project.model import is_multilabel
+
+# room: multilabel end
 
 
 def step(trainer: L.Trainer) -> int:
@@ -43,6 +47,10 @@ def captioned_grid(
     )
 
 
+# room: multilabel begin
 def single_label(pl_module: L.LightningModule) -> bool:
     """Confusion matrices and 'true -> predicted' captions need one class per image (not multi-label)."""
     return not is_multilabel(pl_module)
+
+
+# room: multilabel end

@@ -1,7 +1,10 @@
 """Write `predict` results to a CSV: file, class_name, probability, the top-k classes (`prediction_csv`).
 
-For a multi-label model: file, the predicted labels, and every label's probability. Under DDP the
-rows of every process are gathered: the CSV has each image exactly once, whatever the strategy.
+# room: multilabel begin
+For a multi-label model: file, the predicted labels, and every label's probability.
+# room: multilabel end
+Under DDP the rows of every process are gathered: the CSV has each image exactly once, whatever the
+strategy.
 
 `predict_step` returns logits; probabilities are calibrated with the temperature of the
 checkpoint's export through `project.deploy.calibration`, exactly as `infer` and `serve` do.
@@ -53,15 +56,18 @@ from project.deploy.unknown import UNKNOWN
 
 # room: unknown end
 from project.errors import UserError
-from project.model import is_multilabel, label_names
+from project.model import (
+    is_multilabel,  # room: multilabel
+    label_names,
+)
 from project.terminal import printable
 
 
 class PredictionWriter(BasePredictionWriter):
     """One CSV row per image, in file order, written by rank 0 when predict ends (atomically).
 
-    Each process keeps the dataset positions of its images with their top-k (multi-label: all)
-    probabilities, a few bytes per image; under DDP rank 0 gathers every process's share, and an
+    Each process keeps the dataset positions of its images with their top-k probabilities, a few bytes
+    per image; under DDP rank 0 gathers every process's share, and an
     image that a distributed sampler handed to two processes (its padding) is written once.
     """
 
@@ -109,7 +115,7 @@ class PredictionWriter(BasePredictionWriter):
         self._target = self.output or new_csv(Path(trainer.log_dir or "."))
         self._positions, self._probabilities, self._classes = [], [], []
         self._known, self._scores = [], []  # room: unknown
-        self.calibration = Calibration()
+        self.calibration = self._calibration(trainer, pl_module)
         tta = getattr(pl_module, "tta", "none")
         if tta != "none" and trainer.is_global_zero:
             print(
@@ -119,13 +125,6 @@ class PredictionWriter(BasePredictionWriter):
                 + " (the `unknown` verdict is the plain image's, as theirs)"  # room: unknown
                 + ". --model.tta=none predicts as they do."
             )
-        if not is_multilabel(pl_module):
-            found = self._export_sidecar(trainer)
-            if found is not None:
-                _check_classes(found, self.sidecar, label_names(pl_module))
-                self.calibration = found.calibration(
-                    self.unknown_accept,  # room: unknown
-                )
         # room: unknown begin
         net = getattr(pl_module, "net", None)  # a classifier of this project: take its plain view's outputs
         self._first_view = None if net is None else FirstView(net, self.calibration.needs_features)
@@ -145,6 +144,20 @@ class PredictionWriter(BasePredictionWriter):
             self._first_view.reset()
 
     # room: unknown end
+
+    def _calibration(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Calibration:
+        """The calibration of the checkpoint's export (its sidecar), or the plain softmax without one."""
+        # room: multilabel begin
+        if is_multilabel(pl_module):  # a sigmoid per label: nothing to calibrate
+            return Calibration()
+        # room: multilabel end
+        found = self._export_sidecar(trainer)
+        if found is None:
+            return Calibration()
+        _check_classes(found, self.sidecar, label_names(pl_module))
+        return found.calibration(
+            self.unknown_accept,  # room: unknown
+        )
 
     def _export_sidecar(self, trainer: L.Trainer) -> Sidecar | None:
         """The sidecar to calibrate with, or None (said on stdout) when there is none."""
@@ -189,42 +202,52 @@ class PredictionWriter(BasePredictionWriter):
         if prediction is None:  # every image of the batch was skipped as bad
             return
         logits = prediction.detach().float().cpu()
-        if is_multilabel(pl_module):  # every label's probability, in label order
-            probabilities, classes = logits.sigmoid(), torch.empty(len(logits), 0, dtype=torch.long)
-        else:
-            calibrated = torch.from_numpy(self.calibration.probabilities(logits.numpy()))
-            probabilities, classes = calibrated.topk(self._k(pl_module), dim=1)
+        probabilities, classes = self._answers(logits, pl_module)
         self._positions.append(batch[1].detach().cpu())
         self._probabilities.append(probabilities.double())
         self._classes.append(classes)
-        self._take_verdicts(logits, batch[0], is_multilabel(pl_module))  # room: unknown
+        self._take_verdicts(logits, batch[0])  # room: unknown
+
+    def _answers(
+        self, logits: torch.Tensor, pl_module: L.LightningModule
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The calibrated probabilities of each image's top k classes, and those classes."""
+        # room: multilabel begin
+        if is_multilabel(pl_module):  # every label's probability, in label order; no classes
+            return logits.sigmoid(), torch.empty(len(logits), 0, dtype=torch.long)
+        # room: multilabel end
+        calibrated = torch.from_numpy(self.calibration.probabilities(logits.numpy()))
+        probabilities, classes = calibrated.topk(self._k(pl_module), dim=1)
+        return probabilities, classes
+
+    def _widths(self, pl_module: L.LightningModule) -> tuple[int, int]:
+        """How many probabilities and classes each image keeps: its top k."""
+        # room: multilabel begin
+        if is_multilabel(pl_module):  # every label's probability, no classes
+            return len(label_names(pl_module)), 0
+        # room: multilabel end
+        return self._k(pl_module), self._k(pl_module)
 
     # room: unknown begin
-    def _take_verdicts(self, logits: torch.Tensor, images: torch.Tensor, multilabel: bool) -> None:
+    def _take_verdicts(self, logits: torch.Tensor, images: torch.Tensor) -> None:
         """Keep whether each image of the batch is `unknown`, and its unknown score, judged on the image as
-        the export sees it: its plain view's logits (and features)."""
+        the export sees it: its plain view's logits (and features). A model without calibration answers
+        every image with its classes."""
         plain = self._first_view.take(images) if self._first_view else Outputs(logits.numpy())
-        if multilabel:
-            known = torch.ones(len(logits), dtype=torch.bool)
-            scores = torch.zeros(len(logits), dtype=torch.double)
-        else:
-            unknown, scored = self.calibration.verdict(plain)
-            known = torch.from_numpy(~unknown)
-            scores = (
-                torch.zeros(len(logits), dtype=torch.double) if scored is None else torch.from_numpy(scored)
-            )
-        self._known.append(known)
-        self._scores.append(scores)
+        unknown, scored = self.calibration.verdict(plain)
+        self._known.append(torch.from_numpy(~unknown))
+        self._scores.append(
+            torch.zeros(len(logits), dtype=torch.double) if scored is None else torch.from_numpy(scored)
+        )
 
     # room: unknown end
 
     @override
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        multilabel = is_multilabel(pl_module)
-        width = len(label_names(pl_module)) if multilabel else self._k(pl_module)
+        width, classes_width = self._widths(pl_module)
         positions = _gather(trainer, pl_module, _cat(self._positions, (0,), torch.long))
         probabilities = _gather(trainer, pl_module, _cat(self._probabilities, (0, width), torch.double))
-        classes = _gather(trainer, pl_module, _cat(self._classes, (0, 0 if multilabel else width)))
+        classes = _gather(trainer, pl_module, _cat(self._classes, (0, classes_width)))
         columns = [positions, probabilities, classes]
         # room: unknown begin
         columns.append(_gather(trainer, pl_module, _cat(self._known, (0,), torch.bool)))
@@ -257,12 +280,14 @@ class PredictionWriter(BasePredictionWriter):
     def _write(self, writer: Any, trainer: L.Trainer, pl_module: L.LightningModule, rows: Any) -> None:
         dataset = trainer.predict_dataloaders.dataset
         names = label_names(pl_module)
+        # room: multilabel begin
         if is_multilabel(pl_module):
             writer.writerow(prediction_csv.multilabel_header(names))
             for i, probs, *_ in rows:
                 file = relative_name(dataset.files[i], dataset.root)
                 writer.writerow(prediction_csv.multilabel_row(file, names, probs, pl_module.threshold))
             return
+        # room: multilabel end
         writer.writerow(prediction_csv.header(self._k(pl_module)))
         for row in rows:
             i, top_p, top_c = row[:3]

@@ -8,7 +8,11 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from project.callbacks.pictures import add_image, captioned_grid, single_label
+from project.callbacks.pictures import (
+    add_image,
+    captioned_grid,
+    single_label,  # room: multilabel
+)
 from project.model import label_names
 
 
@@ -31,7 +35,8 @@ class TrainingImages(Callback):
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._pending = self.enabled and single_label(pl_module)
+        self._pending = self.enabled
+        self._pending = self._pending and single_label(pl_module)  # room: multilabel
 
     @override
     def on_train_batch_start(

@@ -40,8 +40,12 @@ from project.data.dataset import (
 )
 from project.data.folders import folder_splits
 from project.data.index import HoldOut, ImageIndex, Splits, hold_out, list_images
+
+# room: multilabel begin
 from project.data.labels_csv import csv_splits
 from project.data.multishapes import generate_multishapes
+
+# room: multilabel end
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.data.shapes import generate_shapes
 from project.data.skipped import SkipLog
@@ -62,8 +66,10 @@ EMBEDDED_ROOT = Path("data") / "shapes"
 # evaluation resizes to image_size / 0.875 (256 for 224), then centre-crops: torchvision's weights' recipe
 DEFAULT_CROP_RATIO = 0.875
 DEFAULT_INTERPOLATION = "bilinear"  # torchvision's weights'; and every run's before the option existed
+# room: multilabel begin
 # the multi-label example (configs/experiments/multilabel.yaml): generated on first use, like the shapes
 EMBEDDED_MULTILABEL_CSV = Path("data") / "multishapes" / "labels.csv"
+# room: multilabel end
 
 Balance = Literal["none", "sampler", "loss"]
 
@@ -113,10 +119,8 @@ def check_data_options(
         positive_int("data.prefetch_factor", prefetch_factor)
 
 
-def check_recipe_options(
-    mixup_alpha: float, cutmix_alpha: float, balance: str, labels_csv: str | None
-) -> None:
-    """MixUp/CutMix alphas are >= 0; both they and balance are for multiclass (class folder) data."""
+def check_recipe_options(mixup_alpha: float, cutmix_alpha: float) -> None:
+    """MixUp/CutMix alphas are >= 0."""
     for key, alpha in (("data.mixup_alpha", mixup_alpha), ("data.cutmix_alpha", cutmix_alpha)):
         require(
             isinstance(alpha, int | float) and 0 <= alpha < float("inf"),
@@ -124,6 +128,13 @@ def check_recipe_options(
             alpha,
             "a number >= 0 (0: off; 0.2 to 1.0 are usual)",
         )
+
+
+# room: multilabel begin
+def check_label_options(
+    mixup_alpha: float, cutmix_alpha: float, balance: str, labels_csv: str | None
+) -> None:
+    """MixUp, CutMix and balance are for multiclass (class folder) data, not a labels CSV."""
     if labels_csv is None:
         return
     used = [f"--data.{k}={v}" for k, v in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)) if v]
@@ -136,11 +147,11 @@ def check_recipe_options(
         )
 
 
-class ImageDataModule(L.LightningDataModule):
-    """Images in ImageFolder layout: `root/{train,val[,test]}/<class>/*`, or `root/<class>/*` + val_split.
+# room: multilabel end
 
-    Multi-label: `labels_csv` lists the images and their labels instead (see data/labels_csv.py).
-    """
+
+class ImageDataModule(L.LightningDataModule):
+    """Images in ImageFolder layout: `root/{train,val[,test]}/<class>/*`, or `root/<class>/*` + val_split."""
 
     def __init__(
         self,
@@ -164,8 +175,10 @@ class ImageDataModule(L.LightningDataModule):
         loader_timeout: int = 600,
         skip_bad_images: bool = False,
         predict_dir: str | None = None,
+        # room: multilabel begin
         labels_csv: str | None = None,
         label_delimiter: str = " ",
+        # room: multilabel end
         cache: bool | Literal["auto"] = "auto",
         batch_augment: bool = True,
     ) -> None:
@@ -206,10 +219,12 @@ class ImageDataModule(L.LightningDataModule):
                 that never returns); 0 waits forever. Ignored when num_workers is 0.
             skip_bad_images: Skip files that cannot be decoded (with a warning) instead of stopping.
             predict_dir: Folder of images (searched recursively) for `predict`.
+            # room: multilabel begin
             labels_csv: Multi-label data: a CSV of `file,labels[,split]` rows (files relative to root, or
                 to the CSV's folder when root is null). Makes the model multi-label (sigmoid + BCE).
                 data/multishapes/labels.csv, the embedded example, is generated on first use.
             label_delimiter: What separates the labels in the CSV's labels column (" ": any whitespace).
+            # room: multilabel end
             cache: Decode the train and val images once, at setup, into shared memory, and read them
                 from there every epoch: for small images (CIFAR-sized) whose decoding costs as much as
                 the augmentation. true: refused, with the numbers, when it would take over half the
@@ -230,7 +245,8 @@ class ImageDataModule(L.LightningDataModule):
         crop_ratio = DEFAULT_CROP_RATIO if crop_ratio is None else crop_ratio
         interpolation = DEFAULT_INTERPOLATION if interpolation is None else interpolation
         require(interpolation in MODES, "data.interpolation", interpolation, "bilinear or bicubic")
-        check_recipe_options(mixup_alpha, cutmix_alpha, balance, labels_csv)
+        check_recipe_options(mixup_alpha, cutmix_alpha)
+        check_label_options(mixup_alpha, cutmix_alpha, balance, labels_csv)  # room: multilabel
         check_data_options(
             val_split, image_size, crop_ratio, scale, ratio, batch_size, num_workers, prefetch_factor
         )
@@ -238,15 +254,17 @@ class ImageDataModule(L.LightningDataModule):
         self.save_hyperparameters(ignore=["num_classes", "image_size"])
         # resolved: checkpoints name the crop and the filter, not null
         self.hparams.update(crop_ratio=crop_ratio, interpolation=interpolation)
+        self.root = Path(root) if root is not None else EMBEDDED_ROOT
+        self.embedded = root is None
+        # data in a streamed format (data/source.py's STREAMED, e.g. shards: a folder or an s3:// URL)
+        self._streamed = streamed_format(root) if root is not None else None
+        # room: multilabel begin
         self.labels_csv = Path(labels_csv) if labels_csv is not None else None
         self.label_delimiter = label_delimiter
-        if self.labels_csv is not None:
+        if self.labels_csv is not None:  # image files listed by the CSV, relative to root or to its folder
             self.root = Path(root) if root is not None else self.labels_csv.parent
-        else:
-            self.root = Path(root) if root is not None else EMBEDDED_ROOT
-        self.embedded = root is None and labels_csv is None
-        # data in a streamed format (data/source.py's STREAMED, e.g. shards: a folder or an s3:// URL)
-        self._streamed = streamed_format(root) if root is not None and labels_csv is None else None
+            self.embedded, self._streamed = False, None
+        # room: multilabel end
         self._streamed_root = str(root) if self._streamed is not None else None
         if self._streamed is not None:
             format_module(self._streamed).check_options(cache, balance)
@@ -302,7 +320,9 @@ class ImageDataModule(L.LightningDataModule):
             kind = format_module(self._streamed).KIND
             raise UserError(
                 f"--data.root '{self._streamed_root}' holds {kind}: fit, validate, test and export read "
-                "them, this command reads image files (folders or a labels CSV).",
+                "them, this command reads image files"
+                " (folders or a labels CSV)"  # room: multilabel
+                ".",
                 f"point --data.root at the images the {kind} were made from "
                 f"({self.source.made_from or 'the image folder they were made from'}).",
             )
@@ -310,16 +330,23 @@ class ImageDataModule(L.LightningDataModule):
             shapes = "the embedded shapes data set (6 classes, 4,800 train and 600 val images)"
             _say_once_generated(self.root, shapes)
             generate_shapes(self.root)
+        # room: multilabel begin
         if self.labels_csv == EMBEDDED_MULTILABEL_CSV:
             multishapes = "the embedded multi-label shapes (4,000 train and 400 val images)"
             _say_once_generated(EMBEDDED_MULTILABEL_CSV.parent, multishapes)
             generate_multishapes(EMBEDDED_MULTILABEL_CSV.parent)
         if self.labels_csv is not None:
             return csv_splits(self.labels_csv, self.root, self.label_delimiter, hold)
+        # room: multilabel end
         return folder_splits(self.root, hold)
 
     def _check_num_classes(self, found: tuple[str, ...]) -> None:
-        if len(found) < 2 and self.labels_csv is None:  # softmax over one class: nothing to learn
+        fewest = 2  # softmax over one class: nothing to learn
+        # room: multilabel begin
+        if self.labels_csv is not None:
+            fewest = 1  # a sigmoid per label: one label can be learnt
+        # room: multilabel end
+        if len(found) < fewest:
             raise UserError(
                 f"'{self._where}' has {len(found)} class folder{'' if len(found) == 1 else 's'} "
                 f"{list(found)}: a classifier needs at least 2 classes.",
@@ -341,12 +368,21 @@ class ImageDataModule(L.LightningDataModule):
             streamed = format_module(self._streamed).source(self._streamed_root)
             self._check_num_classes(streamed.class_names)
             return streamed
-        return FileSource(self.splits, self.task, str(self.labels_csv or self.root), self.decoded)
+        return FileSource(self.splits, self._files, self.decoded)
 
     @property
     def _where(self) -> str:
         """The data as given, for messages (an s3:// URL kept whole: a Path would fold its '//')."""
         return self._streamed_root or str(self.root)
+
+    @property
+    def _files(self) -> str:
+        """Where the image files are found, for messages: the data folder."""
+        # room: multilabel begin
+        if self.labels_csv is not None:  # or the CSV that lists them
+            return str(self.labels_csv)
+        # room: multilabel end
+        return str(self.root)
 
     def source_here(self) -> DataSource:
         """The source when its data is on this machine (or in a bucket); ValueError saying why not."""
@@ -358,12 +394,15 @@ class ImageDataModule(L.LightningDataModule):
     def class_names(self) -> list[str]:
         return list(self.source.class_names)
 
+    # room: multilabel begin
     @property
     def task(self) -> str:
         """multiclass (one class folder per image) or multilabel (labels from a CSV); linked to the model."""
         if self._streamed is not None:
             return self.source.task  # the format's own record of it
         return "multilabel" if self.labels_csv is not None else "multiclass"
+
+    # room: multilabel end
 
     @property
     def num_classes(self) -> int:
@@ -479,6 +518,7 @@ class ImageDataModule(L.LightningDataModule):
         """A checkpoint's classes must be the data's classes, in the same order."""
         model = self.trainer.lightning_module if self.trainer is not None else None
         model_names = getattr(model, "class_names", None) if model is not None else None
+        # room: multilabel begin
         model_task = getattr(model, "task", self.task) if model is not None else self.task
         if model_task != self.task:
             raise UserError(
@@ -486,6 +526,7 @@ class ImageDataModule(L.LightningDataModule):
                 f"({'--data.labels_csv' if self.labels_csv else 'class folders'}).",
                 "evaluate a multi-label model on a labels CSV, a multi-class one on class folders.",
             )
+        # room: multilabel end
         if model_names is not None and list(model_names) != self.class_names:
             raise UserError(
                 f"The model was trained on classes {list(model_names)}, "

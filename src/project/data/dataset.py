@@ -53,8 +53,12 @@ class ImageDataset(Dataset):
         image = self.cache.image(i) if self.cache is not None else _load(self.index.path(i), self)
         if image is None:
             return None
-        label = self.index.labels[i]  # a class, or a multi-hot uint8 row for multi-label data
-        return self.transform(image), (torch.from_numpy(label.copy()) if label.ndim else int(label))
+        label = self.index.labels[i]
+        # room: multilabel begin
+        if label.ndim:  # a multi-hot uint8 row: multi-label data
+            return self.transform(image), torch.from_numpy(label.copy())
+        # room: multilabel end
+        return self.transform(image), int(label)
 
 
 class CachedBatches(Dataset):
@@ -93,7 +97,11 @@ class CachedBatches(Dataset):
         if batch is None:
             return None
         label = batch[1][0]
-        return batch[0][0], (label if label.ndim else int(label))  # as ImageDataset returns it
+        # room: multilabel begin
+        if label.ndim:  # a multi-hot row, as ImageDataset returns it
+            return batch[0][0], label
+        # room: multilabel end
+        return batch[0][0], int(label)  # as ImageDataset returns it
 
 
 def uniform_shape(cache: DecodedImages) -> torch.Size | None:

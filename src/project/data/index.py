@@ -36,7 +36,8 @@ IMAGE_EXTENSIONS = frozenset(
 class ImageIndex:
     """Relative file paths (fixed-width bytes) and labels; no per-sample Python objects.
 
-    `labels` is an int64 class per image, or for multi-label data a uint8 multi-hot matrix [N, classes].
+    `labels` is an int64 class per image.
+    For multi-label data, a uint8 multi-hot matrix [N, classes].  # room: multilabel
     """
 
     root: Path
@@ -62,10 +63,11 @@ class ImageIndex:
         return ImageIndex(self.root, self.paths[indices], self.labels[indices], self.class_names)
 
     def class_counts(self) -> dict[str, int]:
+        # room: multilabel begin
         if self.labels.ndim == 2:  # multi-label: images that carry each label
-            counts = self.labels.sum(axis=0, dtype=np.int64)
-        else:
-            counts = np.bincount(self.labels, minlength=len(self.class_names))
+            return dict(zip(self.class_names, self.labels.sum(axis=0, dtype=np.int64).tolist(), strict=True))
+        # room: multilabel end
+        counts = np.bincount(self.labels, minlength=len(self.class_names))
         return dict(zip(self.class_names, counts.tolist(), strict=True))
 
 
@@ -126,8 +128,11 @@ def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
-# The one interface of a data format (project.data.folders, project.data.labels_csv): labelled splits by
-# name, "train" and "val" and, when the data has one, "test".
+# The one interface of a data format (project.data.folders, for one): labelled splits by name, "train"
+# and "val" and, when the data has one, "test".
+# room: multilabel begin
+# project.data.labels_csv is another.
+# room: multilabel end
 Splits = dict[str, ImageIndex]
 # How a format without a val split gets one: hold(index, problem, instead) -> Splits (see hold_out).
 HoldOut = Callable[[ImageIndex, str, str], Splits]
@@ -140,7 +145,10 @@ def hold_out(index: ImageIndex, problem: str, instead: str, *, fraction: float |
         raise UserError(
             problem, f"add {instead}, or hold out a seeded, stratified fraction with --data.val_split=0.1."
         )
-    # multi-label rows have no one class to stratify by: one stratum, a seeded random split
-    strata = index.labels if index.labels.ndim == 1 else np.zeros(len(index), dtype=np.int64)
+    strata = index.labels
+    # room: multilabel begin
+    if strata.ndim == 2:  # multi-label rows have no one class to stratify by: one stratum, a random split
+        strata = np.zeros(len(index), dtype=np.int64)
+    # room: multilabel end
     train, val = stratified_split(strata, fraction, seed)
     return {"train": index.subset(train), "val": index.subset(val)}

@@ -117,5 +117,9 @@ _DRAW = {
 def paint(
     draw: ImageDraw.ImageDraw, name: str, centre: np.ndarray, radius: float, angle: float, fill: tuple
 ) -> None:
-    """Draw one shape `name` onto an image (also used by the multi-label example, data/multishapes.py)."""
+    """Draw one shape `name` onto an image.
+    # room: multilabel begin
+    Also used by the multi-label example, data/multishapes.py.
+    # room: multilabel end
+    """
     _DRAW[name](draw, centre, radius, angle, fill)

@@ -38,7 +38,11 @@ from project.data.shards import (
     object_sizes,
     read_bytes,
 )
+
+# room: multilabel begin
 from project.model import is_multilabel
+
+# room: multilabel end
 
 CHUNK_NAME = re.compile(r"chunk-[0-9]{1,9}-[0-9]{1,9}\.bin")  # litdata.optimize's chunk-<worker>-<n>.bin
 UPDATED_AT = re.compile(r"[0-9]{1,20}(\.[0-9]{1,20})?")
@@ -64,20 +68,32 @@ class CheckedSplit:
     ids: int
 
 
-def template_sample(multilabel: bool, num_classes: int) -> dict[str, Any]:
+def template_sample(
+    num_classes: int,
+    multilabel: bool = False,  # room: multilabel
+) -> dict[str, Any]:
     """A sample as `optimize` stores it (the types matter, not the values)."""
-    label: Any = np.zeros(num_classes, dtype=np.uint8) if multilabel else 0
+    label: Any = 0
+    label = np.zeros(num_classes, dtype=np.uint8) if multilabel else label  # room: multilabel
     return {"image": b"", "label": label, "id": 0, "path": ""}
 
 
 @cache
-def expected_config(multilabel: bool, num_classes: int) -> dict[str, Any]:
+def expected_config(
+    num_classes: int,
+    multilabel: bool = False,  # room: multilabel
+) -> dict[str, Any]:
     """The `config` LitData's writer records for optimize's samples (less `types`, which it never reads)."""
     from litdata.streaming.writer import BinaryWriter
 
     with tempfile.TemporaryDirectory() as folder:
         writer = BinaryWriter(folder, chunk_bytes=CHUNK_BYTES)
-        writer.serialize(template_sample(multilabel, num_classes))
+        writer.serialize(
+            template_sample(
+                num_classes,
+                multilabel,  # room: multilabel
+            )
+        )
         config = writer.get_config()
     config.pop("types", None)
     return config
@@ -116,7 +132,10 @@ def check_split(root: str, split: str, record: ShardsRecord) -> CheckedSplit:
 
 
 def _check_config(config: Any, where: str, record: ShardsRecord) -> None:
-    expected = expected_config(is_multilabel(record), len(record.class_names))
+    expected = expected_config(
+        len(record.class_names),
+        is_multilabel(record),  # room: multilabel
+    )
     if not isinstance(config, dict):
         raise damaged(where, f"'config' is {type(config).__name__}; expected the object optimize writes")
     formats, wanted = config.get("data_format"), expected["data_format"]

@@ -18,12 +18,16 @@ import os
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import SimpleNamespace
+from types import SimpleNamespace  # room: multilabel
 from typing import Any, NoReturn
 
 from project.atomic import atomic_write
 from project.errors import UserError, missing_package
-from project.model import TASKS, is_multilabel
+
+# room: multilabel begin
+from project.model import is_multilabel
+
+# room: multilabel end
 
 INDEX = "shards.json"
 # 2: samples in a seeded random order (format 1 wrote them in class order, which trains at chance)
@@ -33,6 +37,10 @@ SPLITS = ("train", "val", "test")
 CONNECT_TIMEOUT_S = 3
 ATTEMPTS = 2
 MAX_CLASSES = 100_000  # ImageNet-21k has 21,841: a file claiming more is not a data set
+TASKS = (  # shards.json's `task`: the model's
+    "multiclass",
+    "multilabel",  # room: multilabel
+)
 CHUNK_BYTES = "64MB"  # LitData's advice for streaming from object storage: tens of MB per request
 MAX_INDEX_BYTES = 256 * 2**20  # shards.json and a split's index.json: a few KB per thousand chunks
 
@@ -193,7 +201,8 @@ class ShardsRecord:
     """shards.json, checked: what the template needs before it reads a chunk.
 
     Args:
-        task: multiclass (one class per sample) or multilabel (a multi-hot row per sample).
+        task: multiclass (one class per sample)
+            or multilabel (a multi-hot row per sample).  # room: multilabel
         class_names: The classes, in label order.
         splits: train and val, and test when the data has one.
         source: The image folder the shards were made from (shown in messages only).
@@ -241,14 +250,27 @@ def parse_record(text: bytes, where: str) -> ShardsRecord:
         refuse("class_names", "a list of class names, strings of 1 to 255 characters")
     if len(set(names)) != len(names):
         refuse("class_names", "distinct names")
+    fewest = 2  # softmax over one class: nothing to learn
+    # room: multilabel begin
     multilabel = is_multilabel(SimpleNamespace(task=task))
-    if not (1 if multilabel else 2) <= len(names) <= MAX_CLASSES:
-        refuse("class_names", f"{1 if multilabel else 2} to {MAX_CLASSES:,} classes")
+    fewest = 1 if multilabel else fewest  # a sigmoid per label: one label can be learnt
+    # room: multilabel end
+    if not fewest <= len(names) <= MAX_CLASSES:
+        refuse("class_names", f"{fewest} to {MAX_CLASSES:,} classes")
     splits = data.get("splits")
     if not (isinstance(splits, dict) and {"train", "val"} <= set(splits) <= set(SPLITS)):
         refuse("splits", "an object with train and val (and optionally test)")
     present = [name for name in SPLITS if name in splits]
-    records = {name: _split_record(splits[name], name, names, multilabel, refuse) for name in present}
+    records = {
+        name: _split_record(
+            splits[name],
+            name,
+            names,
+            refuse,
+            multilabel,  # room: multilabel
+        )
+        for name in present
+    }
     source = data.get("source", "")
     if not isinstance(source, str):
         refuse("source", "the image folder's path, a string")
@@ -258,7 +280,13 @@ def parse_record(text: bytes, where: str) -> ShardsRecord:
     return ShardsRecord(task, tuple(names), records, source, max_side)
 
 
-def _split_record(value: Any, name: str, names: list[str], multilabel: bool, refuse: Any) -> SplitRecord:
+def _split_record(
+    value: Any,
+    name: str,
+    names: list[str],
+    refuse: Any,
+    multilabel: bool = False,  # room: multilabel
+) -> SplitRecord:
     key = f"splits.{name}"
     if not isinstance(value, dict):
         refuse(key, "an object with count and class_counts")
@@ -269,14 +297,18 @@ def _split_record(value: Any, name: str, names: list[str], multilabel: bool, ref
         refuse(f"{key}.skipped", "a whole number of files left out, at least 0")
     if not (isinstance(counts, dict) and list(counts) == names and all(_whole(n) for n in counts.values())):
         refuse(f"{key}.class_counts", "a count (a whole number >= 0) for each class, in class_names' order")
+    # room: multilabel begin
+    if multilabel:  # samples that carry each label: none more than the split's
+        if max(counts.values()) > count:
+            refuse(f"{key}.class_counts", f"counts of at most the split's count {count}")
+        return SplitRecord(count, dict(counts), skipped)
+    # room: multilabel end
     total = sum(counts.values())
-    if not multilabel and total != count:
+    if total != count:
         refuse(
             f"{key}.class_counts",
             f"counts adding up to the split's count {count} (they add up to {total})",
         )
-    if multilabel and max(counts.values()) > count:
-        refuse(f"{key}.class_counts", f"counts of at most the split's count {count}")
     return SplitRecord(count, dict(counts), skipped)
 
 

@@ -1,15 +1,19 @@
 """A data source: what the data module, the data check and the export ask of a data format.
 
-Image folders and the labels CSV are a FileSource over their splits (data/index.py's `Splits`), the
-default. A format whose data is streamed is a row of STREAMED (LitData shards, for one), and its
-source a StreamedSource. Code outside the data module asks `datamodule.source` and never which format
+Image folders are a FileSource over their splits (data/index.py's `Splits`), the default.
+# room: multilabel begin
+So is a labels CSV.
+# room: multilabel end
+A format whose data is streamed is a row of STREAMED (LitData shards, for one), and its source a
+StreamedSource. Code outside the data module asks `datamodule.source` and never which format
 it is:
 
     source.where                  the folder, CSV or URL, for messages
-    source.task                   multiclass or multilabel
+    source.task                   multiclass or multilabel  # room: multilabel
     source.class_names            the classes, in label order
     source.split_names            train, val and, when the data has one, test
-    source.class_counts(split)    samples per class (multi-label: samples that carry each label)
+    source.class_counts(split)    samples per class
+                                  (multi-label: samples that carry each label)  # room: multilabel
     source.count(split)           samples in the split
     source.labels(split)          every label of the split (numpy), or None where labels are checked as
                                   each sample is read (shards: reading them all would read the data)
@@ -82,7 +86,7 @@ class DataSource(Protocol):
     """The questions every data format answers (see the module's docstring)."""
 
     where: str
-    task: str
+    task: str  # room: multilabel
     class_names: tuple[str, ...]
     split_names: tuple[str, ...]
 
@@ -118,21 +122,26 @@ class FileSource:
 
     Args:
         splits: The format's labelled splits.
-        task: multiclass or multilabel.
         where: The folder or CSV, for messages.
         decoded: The data module's decoded images by split (--data.cache), read instead of the files.
     """
 
     def __init__(
-        self, splits: Splits, task: str, where: str, decoded: Mapping[str, DecodedImages] | None = None
+        self, splits: Splits, where: str, decoded: Mapping[str, DecodedImages] | None = None
     ) -> None:
         self.splits = splits
-        self.task = task
         self.where = where
         self.class_names = tuple(splits["train"].class_names)
         self.split_names = tuple(splits)
         self.decoded = decoded if decoded is not None else {}
 
+    # room: multilabel begin
+    @property
+    def task(self) -> str:
+        """multilabel for multi-hot labels (a labels CSV's), else multiclass."""
+        return "multilabel" if self.splits["train"].labels.ndim == 2 else "multiclass"
+
+    # room: multilabel end
     def class_counts(self, split: str) -> dict[str, int]:
         return self.splits[split].class_counts()
 

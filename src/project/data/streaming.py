@@ -31,7 +31,11 @@ from project.data.index import IMAGE_EXTENSIONS
 from project.data.shard_checks import FIELDS, CheckedSplit, check_split
 from project.data.shards import allow_plain_http, damaged, is_url, read_index
 from project.data.source import evenly_spaced
+
+# room: multilabel begin
 from project.model import is_multilabel
+
+# room: multilabel end
 from project.terminal import printable
 
 MAX_PATH_CHARS = 4096
@@ -62,7 +66,9 @@ class ShardDataset(StreamingDataset):
 
     Args:
         split: The split, checked by shard_checks.check_split.
-        task: multiclass or multilabel (shards.json's).
+        task: multiclass
+            or multilabel  # room: multilabel
+            (shards.json's).
         num_classes: The number of classes (shards.json's): labels are checked against it.
         transform: uint8 [3, H, W] to the model's input, as for image files.
         shuffle: Shuffle (training) or read in order (evaluation).
@@ -114,7 +120,10 @@ class ShardDataset(StreamingDataset):
             warnings.warn(f"Skipped a bad image: {printable(str(e))}", stacklevel=2)
             return None
         label = sample["label"]
-        label = torch.from_numpy(np.asarray(label, dtype=np.uint8)) if is_multilabel(self) else label
+        # room: multilabel begin
+        if is_multilabel(self):  # a 0/1 row, as a labels CSV's images give it
+            label = torch.from_numpy(np.asarray(label, dtype=np.uint8))
+        # room: multilabel end
         return (image, label, sample["id"]) if self.with_ids else (image, label)
 
     def read(self, index: Any) -> dict[str, Any]:
@@ -140,6 +149,9 @@ class ShardDataset(StreamingDataset):
         return sample
 
     def _check_label(self, label: Any, where: str) -> None:
+        ok = isinstance(label, int) and 0 <= label < self.num_classes
+        expected = f"a class 0..{self.num_classes - 1} (shards.json names {self.num_classes} classes)"
+        # room: multilabel begin
         if is_multilabel(self):
             ok = (
                 isinstance(label, np.ndarray)
@@ -148,9 +160,7 @@ class ShardDataset(StreamingDataset):
                 and int(label.max(initial=0)) <= 1
             )
             expected = f"a 0/1 row of {self.num_classes} labels"
-        else:
-            ok = isinstance(label, int) and 0 <= label < self.num_classes
-            expected = f"a class 0..{self.num_classes - 1} (shards.json names {self.num_classes} classes)"
+        # room: multilabel end
         if not ok:
             shown = label.tolist() if isinstance(label, np.ndarray) else label
             raise damaged(where, f"its label is {printable(repr(shown))[:80]}; expected {expected}")

@@ -92,7 +92,7 @@ class Classifier:
         self.sidecar = Sidecar.load(sidecar)  # every value below is checked there
         self.class_names = list(self.sidecar.class_names)
         self.task = self.sidecar.task
-        self.threshold = self.sidecar.threshold
+        self.threshold = self.sidecar.threshold  # room: multilabel
         self.size = self.sidecar.image_size
         self.resize_to = self.sidecar.resize_to
         # Pillow's filters are the ones torch's antialiased uint8 resize reproduces (within a grey level)
@@ -144,10 +144,13 @@ class Classifier:
             )
         # room: unknown end
 
+    # room: multilabel begin
     @property
     def multilabel(self) -> bool:
         """Any number of labels per image (a sigmoid each), as the sidecar's `task` says; else one class."""
         return self.sidecar.multilabel
+
+    # room: multilabel end
 
     def preprocess(self, image: str | Path | bytes | Image.Image) -> np.ndarray:
         """uint8 [3, size, size]: decoded as training decodes, short side resized, centre-cropped.
@@ -196,9 +199,11 @@ class Classifier:
         return Outputs(self.logits(batch))
 
     def probabilities_of(self, logits: np.ndarray) -> np.ndarray:
-        """Calibrated probabilities (multi-label: a sigmoid per label) of logits [N, C]."""
+        """Calibrated probabilities of logits [N, C]."""
+        # room: multilabel begin
         if self.multilabel:  # independent labels: a sigmoid each
             return 1 / (1 + np.exp(-logits))
+        # room: multilabel end
         return self.calibration.probabilities(logits)
 
     def probabilities(self, batch: np.ndarray) -> np.ndarray:
@@ -207,8 +212,10 @@ class Classifier:
     # room: unknown begin
     def unknown(self, outputs: Outputs) -> tuple[np.ndarray, np.ndarray | None]:
         """(bool [N]: answered `unknown`, the unknown scores [N] or None when there is no threshold)."""
+        # room: multilabel begin
         if self.multilabel:
             return np.zeros(len(outputs.logits), dtype=bool), None
+        # room: multilabel end
         return self.calibration.verdict(outputs)
 
     # room: unknown end

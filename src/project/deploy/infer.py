@@ -23,6 +23,7 @@ import csv
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any  # room: multilabel
 
 from project.atomic import atomic_files
 from project.data.decode import BadImageError  # numpy and Pillow only
@@ -139,25 +140,37 @@ def _write_rows(classifier: Classifier, files: list[Path], top_k: int, skip: Cal
     with prediction_csv.open_csv(path) as f:
         writer = csv.writer(f)
         names = classifier.class_names
-        if classifier.multilabel:  # every label's probability, in label order
-            writer.writerow(prediction_csv.multilabel_header(names))
-            for path, top, probs, *_ in classifier.classify(files, len(names), on_bad=skip):
-                by_name = dict(zip(top, probs, strict=True))
-                ordered = [by_name[n] for n in names]
-                writer.writerow(
-                    prediction_csv.multilabel_row(str(path), names, ordered, classifier.threshold)
-                )
-                rows += 1
-        else:
-            writer.writerow(prediction_csv.header(min(top_k, len(names))))
-            for answer in classifier.classify(files, top_k, on_bad=skip):
-                cells = (
-                    str(answer.path),
-                    answer.names,
-                    answer.probabilities,
-                    answer.class_name,  # room: unknown
-                    answer.reason,  # room: unknown
-                )
-                writer.writerow(prediction_csv.row(*cells))
-                rows += 1
+        # room: multilabel begin
+        if classifier.multilabel:
+            return _write_label_rows(classifier, files, skip, writer)
+        # room: multilabel end
+        writer.writerow(prediction_csv.header(min(top_k, len(names))))
+        for answer in classifier.classify(files, top_k, on_bad=skip):
+            cells = (
+                str(answer.path),
+                answer.names,
+                answer.probabilities,
+                answer.class_name,  # room: unknown
+                answer.reason,  # room: unknown
+            )
+            writer.writerow(prediction_csv.row(*cells))
+            rows += 1
     return rows
+
+
+# room: multilabel begin
+def _write_label_rows(classifier: Classifier, files: list[Path], skip: Callable, writer: Any) -> int:
+    """A multi-label model's rows: the labels at or above the threshold, every label's probability in
+    label order."""
+    rows = 0
+    names = classifier.class_names
+    writer.writerow(prediction_csv.multilabel_header(names))
+    for path, top, probs, *_ in classifier.classify(files, len(names), on_bad=skip):
+        by_name = dict(zip(top, probs, strict=True))
+        ordered = [by_name[n] for n in names]
+        writer.writerow(prediction_csv.multilabel_row(str(path), names, ordered, classifier.threshold))
+        rows += 1
+    return rows
+
+
+# room: multilabel end

@@ -6,9 +6,11 @@ Then `reason`: class_name is `unknown` for an image below the export's unknown t
 classes, and `reason` says why (its score against the threshold, and the share of validation images
 the threshold accepts); `reason` is empty for an image answered with a class.
 # room: unknown end
+# room: multilabel begin
 
 Multi-label models write `file, labels, probability_<label>...` instead: the predicted labels
 (separated by spaces) and every label's sigmoid probability.
+# room: multilabel end
 
 Both commands write it through these functions, so their columns cannot drift apart. The file is
 UTF-8, except that a file name which is not (a name is bytes on Linux) keeps its own bytes
@@ -45,6 +47,7 @@ def header(k: int) -> list[str]:
     return columns
 
 
+# room: multilabel begin
 def multilabel_header(names: Sequence[str]) -> list[str]:
     """Column names for a multi-label model with labels `names`."""
     return ["file", "labels", *(f"probability_{name}" for name in names)]  # never a formula
@@ -56,6 +59,9 @@ def multilabel_row(
     """One image's row: the labels whose probability reaches `threshold`, then every probability."""
     chosen = " ".join(n for n, p in zip(names, probabilities, strict=True) if p >= threshold)
     return [spreadsheet_cell(file), spreadsheet_cell(chosen), *(f"{p:.6f}" for p in probabilities)]
+
+
+# room: multilabel end
 
 
 def row(

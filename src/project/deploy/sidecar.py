@@ -51,7 +51,10 @@ from project.errors import UserError
 
 VERSION = 3  # the newest sidecar format this template writes; it reads this one and every older one
 INTERPOLATIONS = ("bilinear", "bicubic")  # the resize filters (absent: bilinear, as version 1 resized)
-TASKS = ("multiclass", "multilabel")
+TASKS = (  # the `task` a sidecar may name
+    "multiclass",
+    "multilabel",  # room: multilabel
+)
 MAX_IMAGE_SIZE = 8192  # the resize before the crop stays below this too (a crop ratio near 0 would not)
 MAX_BINS = 1000  # reliability diagram bins (export writes 15)
 # room: unknown begin
@@ -73,8 +76,9 @@ class Sidecar:
         image_size: The square input the model takes, in pixels.
         crop_ratio: image_size / the short side before the centre crop.
         interpolation: The resize filter, bilinear or bicubic (antialiased).
-        task: `multiclass` (one softmax) or `multilabel` (a sigmoid per label).
-        threshold: The probability from which a label is given (multi-label).
+        task: `multiclass` (one softmax)
+            or `multilabel` (a sigmoid per label).  # room: multilabel
+        threshold: The probability from which a label is given (multi-label).  # room: multilabel
         temperature: Divides the logits before the softmax (1: uncalibrated).
         unknown_score: `knn`, `energy` or `max_probability`; None: no calibration.  # room: unknown
         unknown_threshold: Below it an image is `unknown`; None: never.  # room: unknown
@@ -94,7 +98,7 @@ class Sidecar:
     crop_ratio: float
     interpolation: str = "bilinear"
     task: str = "multiclass"
-    threshold: float = 0.5
+    threshold: float = 0.5  # room: multilabel
     temperature: float = 1.0
     # room: unknown begin
     unknown_score: str | None = None
@@ -121,7 +125,7 @@ class Sidecar:
             crop_ratio=float(meta["preprocessing"]["crop_ratio"]),
             interpolation=meta["preprocessing"].get("interpolation", INTERPOLATIONS[0]),
             task=meta.get("task", "multiclass"),
-            threshold=float(meta.get("threshold", 0.5)),
+            threshold=float(meta.get("threshold", 0.5)),  # room: multilabel
             temperature=float(meta.get("temperature") or 1.0),
             # room: unknown begin
             unknown_score=meta.get("unknown_score"),
@@ -149,10 +153,13 @@ class Sidecar:
             ) from None
         return cls.from_dict(meta, path)
 
+    # room: multilabel begin
     @property
     def multilabel(self) -> bool:
         """Any number of labels per image (a sigmoid each); else one class (a softmax)."""
         return sidecar_multilabel(self.document)
+
+    # room: multilabel end
 
     @property
     def resize_to(self) -> int:
@@ -230,9 +237,13 @@ def source_of(meta: Any) -> str | None:
     return path if isinstance(path, str) else None
 
 
+# room: multilabel begin
 def sidecar_multilabel(meta: Mapping) -> bool:
     """Whether an export sidecar's model is multi-label (its `task`); without a task: multi-class."""
     return meta.get("task") == "multilabel"
+
+
+# room: multilabel end
 
 
 @dataclass(frozen=True)
@@ -371,6 +382,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("class_names", "distinct names", lambda m: len(set(m["class_names"])) == len(m["class_names"])),
     Rule("task", f"one of {', '.join(TASKS)}", lambda m: m.get("task", "multiclass") in TASKS),
+    # room: multilabel begin
     Rule(
         "threshold",
         "a probability between 0 and 1 (exclusive)",
@@ -378,6 +390,7 @@ RULES: tuple[Rule, ...] = (
             not sidecar_multilabel(m) or _number(m.get("threshold", 0.5), 0, 1, low_open=True, high_open=True)
         ),
     ),
+    # room: multilabel end
     Rule(
         "image_size",
         f"a whole number of pixels from 1 to {MAX_IMAGE_SIZE}",

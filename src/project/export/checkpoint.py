@@ -218,8 +218,10 @@ def export_accuracy(checkpoint: Checkpoint, model: nn.Module, datamodule: object
     """{"val/acc": top-1 accuracy of `model` on the validation images, "val/acc_images": how many}, or {}."""
     from project.export.fit_calibration import collect_logits, validation_loader
 
+    # room: multilabel begin
     if checkpoint.model.multilabel:
         return {}
+    # room: multilabel end
     try:
         loader = validation_loader(
             datamodule, checkpoint.size, checkpoint.crop_ratio, interpolation=checkpoint.interpolation
@@ -302,8 +304,8 @@ def calibration(
         datamodule,
         checkpoint.size,
         checkpoint.crop_ratio,
-        checkpoint.model.multilabel,
         checkpoint.interpolation,
+        multilabel=checkpoint.model.multilabel,  # room: multilabel
         # room: unknown begin
         accept=settings.unknown_accept,
         score_name=settings.unknown_score,
@@ -319,19 +321,21 @@ def describe(checkpoint: Checkpoint, opset: int, verification: dict, deployable:
 
     model, size, crop_ratio = checkpoint.model, checkpoint.size, checkpoint.crop_ratio
     hp = checkpoint.contents["hyper_parameters"]
-    multilabel = model.multilabel
     return {
         "class_names": model.label_names,
         "image_size": size,
-        "task": model.task,
-        **({"threshold": model.threshold} if multilabel else {}),
+        "task": "multiclass",
+        # room: multilabel begin
+        **({"task": model.task, "threshold": model.threshold} if model.multilabel else {}),
+        # room: multilabel end
         "input": {"name": "images", "shape": ["N", 3, size, size], "dtype": "uint8", "layout": "NCHW, RGB"},
         "output": {
             "name": "logits",
             "shape": ["N", hp["num_classes"]],
-            "meaning": "logits (a sigmoid per label for probabilities)"
-            if multilabel
-            else "logits (softmax for probabilities)",
+            "meaning": "logits (softmax for probabilities)",
+            # room: multilabel begin
+            **({"meaning": "logits (a sigmoid per label for probabilities)"} if model.multilabel else {}),
+            # room: multilabel end
         },
         **(
             {

@@ -62,8 +62,10 @@ def load_for_export(checkpoint: dict) -> ImageClassifier:
         mean=tuple(hp["mean"]),
         std=tuple(hp["std"]),
         scheduler=None,
+        # room: multilabel begin
         task=hp.get("task", "multiclass"),
         threshold=hp.get("threshold", 0.5),
+        # room: multilabel end
     )
     # torch.compile'd modules save their weights under `_orig_mod.`; the plain module has none
     state = {k.replace("_orig_mod.", ""): v for k, v in checkpoint["state_dict"].items()}

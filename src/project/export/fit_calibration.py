@@ -242,8 +242,8 @@ def calibrate_export(
     datamodule: object,
     size: int,
     crop_ratio: float,
-    multilabel: bool,
     interpolation: Interpolation = "bilinear",
+    multilabel: bool = False,  # room: multilabel
     # room: unknown begin
     accept: float | None = DEFAULT_ACCEPT,
     score_name: str = "auto",
@@ -257,8 +257,10 @@ def calibrate_export(
     `score_name` (`auto`: measured), and the feature bank its score reads (`project.export.fit_unknown`).
     # room: unknown end
     """
+    # room: multilabel begin
     if multilabel:
         return Fitted(_skip("a multi-label model has a sigmoid per label, not one softmax to calibrate"))
+    # room: multilabel end
     try:
         loader = validation_loader(datamodule, size, crop_ratio, interpolation=interpolation)
     except ValueError as e:

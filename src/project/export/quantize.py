@@ -5,9 +5,9 @@ tensor (uint8), the classification head left in float, with activation ranges ca
 training images preprocessed exactly as `infer` preprocesses (decode, resize, centre crop). It is
 written beside the float model as `<name>-int8.onnx` with its own sidecar: the float sidecar plus
 what was measured on the validation split (the share of images whose top-1 agrees with the float
-model, the accuracy of each; for a multi-label model the share of label decisions, at the
-sidecar's threshold) and the latency of each at batch 1 and 8. Its temperature is fitted again on its
-own validation logits, and `infer` and `serve` run it like any export.
+model, the accuracy of each) and the latency of each at batch 1 and 8.
+For a multi-label model the shares are of label decisions, at the sidecar's threshold.  # room: multilabel
+Its temperature is fitted again on its own validation logits; `infer` and `serve` run it as any export.
 Its unknown threshold is fitted again too, by the float export's score.  # room: unknown
 """
 
@@ -113,16 +113,30 @@ def quantize_export(onnx_path: Path, datamodule: object) -> Path:
         sidecar_partial.write_text(Sidecar.from_dict(int8_meta, sidecar).to_json())
     atomic_symlink(final.with_name("latest-int8.onnx"), final.name)
     atomic_symlink(final.with_name("latest-int8.json"), sidecar.name)
-    print(summary(final, int8_meta, float_sidecar.multilabel))
+    print(
+        summary(
+            final,
+            int8_meta,
+            float_sidecar.multilabel,  # room: multilabel
+        )
+    )
     return final
 
 
-def summary(final: Path, q: Mapping, multilabel: bool) -> str:
+def summary(
+    final: Path,
+    q: Mapping,
+    multilabel: bool = False,  # room: multilabel
+) -> str:
     """What `export --quantize int8` prints: agreement, accuracies and latency, or why not compared."""
     latency = f"batch 8 {q['latency_ms']['float']['8']:.2f} -> {q['latency_ms']['int8']['8']:.2f} ms"
     if q["agreement"] is None:
         return f"int8 model {final}: not compared with float ({q['measured']}); {latency}"
-    what = "label decisions agree" if multilabel else "top-1 agrees"
+    what = "top-1 agrees"
+    # room: multilabel begin
+    if multilabel:
+        what = "label decisions agree"
+    # room: multilabel end
     return (
         f"int8 model {final}: {what} with float on {q['agreement']:.2%} of validation images, "
         f"accuracy {q['accuracy_float']:.4f} -> {q['accuracy_int8']:.4f}, {latency}"
@@ -189,7 +203,6 @@ def measure(
             result, "every validation image was skipped as unreadable (--data.skip_bad_images)"
         )
     f, q, y = np.concatenate(float_logits), np.concatenate(int8_logits), np.concatenate(labels)
-    multilabel = float_sidecar.multilabel
     float_answer, int8_answer = answers(f, float_sidecar), answers(q, float_sidecar)
     result |= {
         "agreement": agreement(float_answer, int8_answer),
@@ -197,9 +210,12 @@ def measure(
         "accuracy_int8": agreement(int8_answer, y),
         "validation_images": len(y),
     }
-    if multilabel:
+    # room: multilabel begin
+    if float_sidecar.multilabel:
         result["measured_as"] = "share of label decisions (at the sidecar's threshold) that agree"
-    if not multilabel and float_sidecar.reliability is not None:  # the float export was calibrated
+        return result
+    # room: multilabel end
+    if float_sidecar.reliability is not None:  # the float export was calibrated
         logits, labels = torch.from_numpy(q), torch.from_numpy(y)
         temperature = fit_calibration.fit_temperature(logits, labels)
         if temperature >= fit_calibration.MAX_TEMPERATURE:  # refused as for the float model
@@ -239,16 +255,18 @@ def not_measured(result: dict, reason: str) -> dict:
 
 
 def answers(logits: np.ndarray, sidecar: Sidecar) -> np.ndarray:
-    """What a model answers: the top-1 class [N], or multi-label the label decisions [N, C] (0/1)."""
-    if not sidecar.multilabel:
-        return logits.argmax(1)
-    with np.errstate(over="ignore"):  # exp(-logit) of a very negative logit: inf, a probability of 0
-        probabilities = 1 / (1 + np.exp(-logits.astype(np.float64)))
-    return (probabilities >= sidecar.threshold).astype(np.uint8)
+    """What a model answers: the top-1 class [N]."""
+    # room: multilabel begin
+    if sidecar.multilabel:  # the label decisions [N, C] (0/1)
+        with np.errstate(over="ignore"):  # exp(-logit) of a very negative logit: inf, a probability of 0
+            probabilities = 1 / (1 + np.exp(-logits.astype(np.float64)))
+        return (probabilities >= sidecar.threshold).astype(np.uint8)
+    # room: multilabel end
+    return logits.argmax(1)
 
 
 def agreement(a: np.ndarray, b: np.ndarray) -> float:
-    """The share of answers (top-1 classes, or multi-label label decisions) that are equal."""
+    """The share of answers (top-1 classes, or label decisions) that are equal."""
     return float((a == np.asarray(b).astype(a.dtype)).mean())
 
 

@@ -67,24 +67,27 @@ def answer(model: LoadedModel, outputs: Outputs, top_k: int, batch_size: int) ->
         "predictions": [{"class_name": n, "probability": p} for n, p in zip(names, probs, strict=True)],
         "batch_size": batch_size,
     }
-    if not classifier.multilabel:
-        result["class_name"] = names[0]
-        # room: unknown begin
-        features = None if outputs.features is None else outputs.features[None]
-        unknown, scores = classifier.unknown(Outputs(outputs.logits[None], features))
-        result["class_name"] = UNKNOWN if unknown[0] else names[0]
-        if scores is not None:
-            calibration = classifier.calibration
-            result["unknown"] = {
-                "score": calibration.score_name,
-                "value": float(scores[0]),
-                "threshold": calibration.threshold,
-                "accept": calibration.accept,
-                "reason": calibration.reason(float(scores[0])) or None,  # why it is `unknown`
-            }
-        # room: unknown end
-    if model.classifier.multilabel:  # every label at or above the export's threshold, not only the top k
-        threshold = model.classifier.threshold
-        all_names = model.classifier.class_names
-        result["labels"] = [n for n, p in zip(all_names, probabilities, strict=True) if p >= threshold]
+    # room: multilabel begin
+    if classifier.multilabel:  # every label at or above the export's threshold, not only the top k
+        threshold = classifier.threshold
+        result["labels"] = [
+            n for n, p in zip(classifier.class_names, probabilities, strict=True) if p >= threshold
+        ]
+        return result
+    # room: multilabel end
+    result["class_name"] = names[0]
+    # room: unknown begin
+    features = None if outputs.features is None else outputs.features[None]
+    unknown, scores = classifier.unknown(Outputs(outputs.logits[None], features))
+    result["class_name"] = UNKNOWN if unknown[0] else names[0]
+    if scores is not None:
+        calibration = classifier.calibration
+        result["unknown"] = {
+            "score": calibration.score_name,
+            "value": float(scores[0]),
+            "threshold": calibration.threshold,
+            "accept": calibration.accept,
+            "reason": calibration.reason(float(scores[0])) or None,  # why it is `unknown`
+        }
+    # room: unknown end
     return result
