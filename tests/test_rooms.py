@@ -378,7 +378,7 @@ def test_the_tests_a_removal_changes_are_found() -> None:
                     if Path(u).name.startswith("test_") and imports_shared(u, {Path(rel).stem})
                 }
                 assert users <= found, (name, rel, users - found)
-    # test_int8.py imports tests/exports.py, which has lines of the unknown room
+    # test_int8.py imports tests/exports.py, which has lines of the unknown room  # room: int8, unknown
     assert "tests/test_int8.py" in changed_tests({"unknown"})  # room: int8, unknown
 
 

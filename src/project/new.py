@@ -485,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = CommandParser(
         prog=f"python -m {PACKAGE} new",
         description=__doc__.split("\n\n")[0],
-        epilog=f"optional rooms (--without):\n{rooms}\n  {'all':<{width}} every room, leaving the core alone",
+        epilog=f"optional rooms (--without):\n{rooms}\n  {'all':<{width}} every room: the core alone",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dest", type=Path, help="folder to create (must not exist, or be empty)")

@@ -101,7 +101,7 @@ ROOMS = {
     # room: explain end
     # room: api begin
     "api": Room(
-        "the Python API (`project.api`): fit, show_batch, report and predict from Python, as the commands do",
+        "the Python API (`project.api`): fit, predict and the other commands from Python, as the commands do",
         files=("src/project/api.py", "tests/test_api.py", "docs/python.md"),
     ),
     # room: api end

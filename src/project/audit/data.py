@@ -1,7 +1,8 @@
 """The audit's view of the data: fit's data module, plus the layouts that have no validation split.
 
 An audit needs no split: a folder of class folders or `train/` alone are audited whole (their split
-is `all`, or `train`), as is a labels CSV without a split column.  # room: multilabel
+is `all`, or `train`).
+So is a labels CSV without a split column.  # room: multilabel
 Everything else is fit's index as is. Shards are audited from their images, written to a temporary
 folder first (multiclass shards).
 """

@@ -24,7 +24,7 @@ class ExportBest(Callback):
         """
         Args:
             enabled: Export when fit ends (`--export_best.enabled=false` turns it off).
-            options: The fields of `project.export.ExportOptions` (opset, quantize, ...).
+            options: The fields of `project.export.ExportOptions` (opset, calibrate, ...).
         """
         self.enabled = enabled
         self.options = ExportOptions(**options)

@@ -115,7 +115,6 @@ class PredictionWriter(BasePredictionWriter):
         self._target = self.output or new_csv(Path(trainer.log_dir or "."))
         self._positions, self._probabilities, self._classes = [], [], []
         self._known, self._scores = [], []  # room: unknown
-        self.calibration = self._calibration(trainer, pl_module)
         tta = getattr(pl_module, "tta", "none")
         if tta != "none" and trainer.is_global_zero:
             print(
@@ -125,6 +124,7 @@ class PredictionWriter(BasePredictionWriter):
                 + " (the `unknown` verdict is the plain image's, as theirs)"  # room: unknown
                 + ". --model.tta=none predicts as they do."
             )
+        self.calibration = self._calibration(trainer, pl_module)
         # room: unknown begin
         net = getattr(pl_module, "net", None)  # a classifier of this project: take its plain view's outputs
         self._first_view = None if net is None else FirstView(net, self.calibration.needs_features)

@@ -257,7 +257,9 @@ class ImageDataModule(L.LightningDataModule):
         self.root = Path(root) if root is not None else EMBEDDED_ROOT
         self.embedded = root is None
         # data in a streamed format (data/source.py's STREAMED, e.g. shards: a folder or an s3:// URL)
-        self._streamed = streamed_format(root) if root is not None else None
+        streamed = root is not None
+        streamed = streamed and labels_csv is None  # room: multilabel
+        self._streamed = streamed_format(root) if streamed else None
         # room: multilabel begin
         self.labels_csv = Path(labels_csv) if labels_csv is not None else None
         self.label_delimiter = label_delimiter
