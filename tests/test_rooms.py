@@ -292,7 +292,14 @@ def test_the_core_alone_has_no_room_and_passes_its_tests(tmp_path: Path, shapes_
     assert fit.returncode == 0, fit.stderr[-3000:]
 
 
-SHARED_TESTS = ("helpers", "exports", "servers", "shard_files")  # the test library: tests/<name>.py
+# the test library: the plain modules beside the test files (tests/helpers.py, exports.py, ...)
+SHARED_TESTS = tuple(
+    sorted(
+        path.stem
+        for path in (REPO / "tests").glob("*.py")
+        if not path.name.startswith("test_") and path.stem not in ("__init__", "conftest")
+    )
+)
 
 
 def imports_shared(rel: str, names: set[str]) -> bool:
