@@ -12,7 +12,7 @@ test images a class. Arms, alternated seed by seed, same epochs and learning rat
 
     scratch     no weights
     full        the local weights, every layer trained from the first step
-    schedule    the local weights, --model.head_epochs=E/4 --model.layer_decay=0.7
+    schedule    the local weights, --model.head_epochs=E/4 --model.layer_decay=0.7  # room: finetune
 
 and test-time augmentation (`--model.tta=flip`) on/off, on each pretrained arm's last checkpoint.
 Prints per-seed rows (validation accuracy at the end, wall time), the means and the ratios to `full`.
@@ -39,6 +39,8 @@ from project.backbones import build_backbone, head_of
 SOURCE = ("airplane", "automobile", "bird", "cat", "deer")
 TARGET = ("dog", "frog", "horse", "ship", "truck")
 VAL_PER_CLASS = 200
+ARMS = ("scratch", "full")  # the default --arms, in this order
+ARMS = (*ARMS, "schedule")  # room: finetune
 
 
 def link_subset(src: Path, dst: Path, classes: tuple[str, ...], count: int | None) -> None:
@@ -160,10 +162,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--pretrain-only", action="store_true")
     parser.add_argument("--backbone", default="resnet18", help="any --model.backbone (timm/resnet18, ...)")
-    parser.add_argument("--arms", default="scratch,full,schedule", help="which arms to run")
+    parser.add_argument("--arms", default=",".join(ARMS), help="which arms to run")
+    # room: finetune begin
     parser.add_argument(
         "--schedule-epochs", type=int, help="epochs of the schedule arm (its head-only epochs are cheaper)"
     )
+    # room: finetune end
     args = parser.parse_args()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -173,19 +177,17 @@ def main() -> None:
         return
     link_subset(args.cifar / "train", work / "target" / "train", TARGET, args.per_class)
     link_subset(args.cifar / "test", work / "target" / "val", TARGET, VAL_PER_CLASS)
-    schedule_epochs = args.schedule_epochs or args.epochs
-    head = max(1, schedule_epochs // 4)
-    arms = {
-        "scratch": [],
-        "full": [f"--model.weights={weights}"],
-        "schedule": [
-            f"--model.weights={weights}",
-            f"--model.head_epochs={head}",
-            "--model.layer_decay=0.7",
-        ],
-    }
+    arms = {"scratch": [], "full": [f"--model.weights={weights}"]}
+    epochs = dict.fromkeys(ARMS, args.epochs)
+    # room: finetune begin
+    epochs["schedule"] = args.schedule_epochs or args.epochs
+    arms["schedule"] = [
+        f"--model.weights={weights}",
+        f"--model.head_epochs={max(1, epochs['schedule'] // 4)}",
+        "--model.layer_decay=0.7",
+    ]
+    # room: finetune end
     arms = {k: v for k, v in arms.items() if k in args.arms.split(",")}
-    epochs = {label: schedule_epochs if label == "schedule" else args.epochs for label in arms}
     results: dict[str, list[tuple[float, float]]] = {a: [] for a in arms}
     results |= {f"{a}+tta": [] for a in arms if a != "scratch"}
     stamp = time.strftime("%H%M%S")

@@ -20,7 +20,11 @@ from project.backbones import (
     read_safetensors,
 )
 from project.errors import UserError
+
+# room: finetune begin
 from project.finetune import depth_levels
+
+# room: finetune end
 from project.model import ImageClassifier
 from project.torchvision_backbones import classification_models, size_arguments
 from tests.helpers import RunsCode, write_deflated
@@ -72,9 +76,11 @@ def test_every_family_keeps_the_contract(prefix: str, tmp_path: Path) -> None:
         assert all(torch.equal(loaded[k], own[k]) for k in own if k not in head_keys)
         assert all(loaded[k].shape[0] == 2 for k in head_keys)
 
+    # room: finetune begin
     levels = depth_levels(net, name)
     assert sorted(id(p) for level in levels for p in level) == sorted(id(p) for p in net.parameters())
     assert {id(p) for p in levels[-1]} == {id(p) for p in head.parameters()} and len(levels) > 2
+    # room: finetune end
 
     stage = family.feature_stage(net, name)
     maps: list[torch.Tensor] = []

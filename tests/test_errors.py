@@ -33,7 +33,7 @@ MISTAKES = {
     "new": ["elsewhere", "--name", "1bad"],  # room: new
     "report": ["missing-run"],  # room: report
     "doctor": ["--workers", "-1"],  # room: doctor
-    "models": ["no-such-backbone-anywhere"],
+    "models": ["no-such-backbone-anywhere"],  # room: models
     "optimize": ["--output=out", "--max_side=0"],  # room: shards
 }
 
@@ -57,7 +57,7 @@ COMMAND_LINES = {
     "new": ["elsewhere"],  # room: new
     "report": [],  # room: report
     "doctor": ["--workers", "abc"],  # room: doctor
-    "models": ["resnet*", "extra"],
+    "models": ["resnet*", "extra"],  # room: models
     "optimize": ["--output=out", "--workers=abc"],  # room: shards
 }
 

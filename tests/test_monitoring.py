@@ -138,7 +138,8 @@ def best_checkpoint_score(work: Path) -> float:
 def test_scalars_match_the_run(fitted: tuple[Path, str], tensorboard: TensorBoard) -> None:
     work, _ = fitted
     tags = set(tensorboard.json("plugin/scalars/tags")[RUN])
-    run_level = {"train/loss", "val/acc", "val/acc_best", "train/images_per_sec", "time/epoch_s"}
+    run_level = {"train/loss", "val/acc", "val/acc_best"}
+    run_level |= {"train/images_per_sec", "time/epoch_s"}  # room: dashboard
     assert run_level <= tags
 
     steps, acc = scalars(tensorboard, "val/acc")
@@ -153,9 +154,11 @@ def test_scalars_match_the_run(fitted: tuple[Path, str], tensorboard: TensorBoar
     assert class_acc.mean(axis=0) == pytest.approx(acc, abs=1e-6)
     # room: pictures end
 
+    # room: dashboard begin
     _, epoch_s = scalars(tensorboard, "time/epoch_s")
     assert len(epoch_s) == 2 and all(0 < s < 60 for s in epoch_s)
     assert all(0 < rate < 1e5 for rate in scalars(tensorboard, "train/images_per_sec")[1])
+    # room: dashboard end
 
 
 # room: pictures begin
@@ -175,6 +178,7 @@ def test_images_are_real_pictures_at_the_metric_steps(tensorboard: TensorBoard) 
 
 
 # room: pictures end
+# room: dashboard begin
 def test_hparams_view_shows_the_final_metrics(tensorboard: TensorBoard) -> None:
     experiment = tensorboard.post("plugin/hparams/experiment", {"experimentName": ""})
     hparams = {h["name"] for h in experiment["hparamInfos"]}
@@ -195,6 +199,9 @@ def test_hparams_view_shows_the_final_metrics(tensorboard: TensorBoard) -> None:
         assert values[tag] == pytest.approx(scalars(tensorboard, tag)[1][-1]), tag
 
 
+# room: dashboard end
+
+
 # room: pictures begin
 def test_confusion_matrix_counts_agree_with_accuracy(fitted: tuple[Path, str]) -> None:
     work, _ = fitted
@@ -203,7 +210,7 @@ def test_confusion_matrix_counts_agree_with_accuracy(fitted: tuple[Path, str]) -
     counts = [tensor_util.make_ndarray(e.tensor_proto) for e in events.Tensors("val/confusion_matrix_counts")]
     accuracy = [s.value for s in events.Scalars("val/acc")]
     assert len(counts) == len(accuracy) == 2
-    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")  # room: dashboard
     for matrix, acc in zip(counts, accuracy, strict=True):
         assert matrix.shape == (6, 6) and (matrix.sum(axis=1) == 4).all()  # rows: the true classes
         assert np.trace(matrix) / matrix.sum() == pytest.approx(acc, abs=1e-6)
@@ -221,6 +228,7 @@ def test_monitoring_on_gpu(workdir: Path, shapes_root: Path) -> None:
 
 
 # room: pictures end
+# room: dashboard begin
 def test_progress_bar_shows_throughput_and_time_left(fitted: tuple[Path, str]) -> None:
     _, printed = fitted
     assert re.search(r"img/s=\d+\.\d", printed), printed[-2000:]
@@ -228,8 +236,12 @@ def test_progress_bar_shows_throughput_and_time_left(fitted: tuple[Path, str]) -
     assert re.search(r"\d\d:\d\d<\d\d:\d\d", printed)  # tqdm's own elapsed<remaining for the epoch
 
 
+# room: dashboard end
+
+
 def test_monitoring_switches_off(workdir: Path, shapes_root: Path) -> None:
-    off = ["--throughput.enabled=false", "--hparams.enabled=false"]
+    off: list[str] = []
+    off += ["--throughput.enabled=false", "--hparams.enabled=false"]  # room: dashboard
     pictures = ("training_images", "confusion_matrix", "misclassified")  # room: pictures
     off += [f"--{key}.enabled=false" for key in pictures]  # room: pictures
     assert run_cli("fit", *fast_args(shapes_root, "--name=quiet", *off)) == 0

@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.custom_scalar import layout_pb2  # room: dashboard
 
 import project
+
+# room: dashboard begin
 from project.callbacks.scalars_layout import LAYOUT
 
+# room: dashboard end
 # room: pictures begin
 from project.figures import MAX_GRID_WIDTH
 
@@ -81,9 +84,10 @@ def test_fit_to_a_file_prints_epoch_lines_and_where_everything_went(workdir: Pat
     ):
         assert f"  {command}\n" in block + "\n"
 
-    # TensorBoard: the custom scalars layout puts accuracy and loss first
     events = EventAccumulator(str(workdir / "logs" / "tiny"), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
+    # room: dashboard begin
+    # TensorBoard: the custom scalars layout puts accuracy and loss first
     layout = layout_pb2.Layout()
     layout.ParseFromString(events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
     first = layout.category[0]
@@ -92,8 +96,9 @@ def test_fit_to_a_file_prints_epoch_lines_and_where_everything_went(workdir: Pat
         ["val/acc", "val/acc_best"],
         ["train/loss", "val/loss"],
     ]
+    # room: dashboard end
     scalars = set(events.Tags()["scalars"])
-    assert {"val/acc", "val/acc_best", "train/loss", "val/loss"} <= scalars  # the layout names real tags
+    assert {"val/acc", "val/acc_best", "train/loss", "val/loss"} <= scalars  # what TensorBoard opens on
     # room: pictures begin
     for tag in ("train/images", "val/misclassified"):  # image grids fit TensorBoard's card
         assert events.Images(tag)[-1].width <= MAX_GRID_WIDTH

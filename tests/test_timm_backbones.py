@@ -16,9 +16,17 @@ from torch import nn
 
 from project.backbones import build_backbone, head_of
 from project.errors import UserError
+
+# room: finetune begin
 from project.finetune import depth_groups
+
+# room: finetune end
 from project.model import ImageClassifier
+
+# room: models begin
 from project.models import main as models_main
+
+# room: models end
 from tests.helpers import DECODER_BOUND, RunsCode, fast_args, run_cli, write_deflated
 
 timm = pytest.importorskip("timm")
@@ -41,6 +49,7 @@ def test_a_weights_tag_in_the_name_points_to_the_weights_option() -> None:
         build_backbone("timm/convnext_nano.in12k", 3)
 
 
+# room: models begin
 def test_models_lists_torchvision_and_timm_names_by_pattern(capsys: pytest.CaptureFixture[str]) -> None:
     models_main(["resnet1?"])
     lines = capsys.readouterr().out.splitlines()
@@ -58,6 +67,9 @@ def test_models_without_a_match_is_one_error_with_a_hint(capsys: pytest.CaptureF
     assert err.startswith("error: No backbone matches 'convnxt_nano'. Fix: did you mean timm/convnext_nano")
 
 
+# room: models end
+
+
 def test_without_timm_a_timm_name_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -65,10 +77,12 @@ def test_without_timm_a_timm_name_says_how_to_install_it(
     needs = r"needs the `timm` package, which is not installed\. Fix: pip install -e '\.\[timm\]'"
     with pytest.raises(UserError, match=needs):
         build_backbone("timm/resnet18", 3)
+    # room: models begin
     models_main(["resnet18"])  # torchvision's still listed, and a note on timm's
     captured = capsys.readouterr()
     assert captured.out.split()[0] == "resnet18" and "timm/" not in captured.out
     assert "needs the `timm` package, which is not installed. Fix: pip install -e '.[timm]'" in captured.err
+    # room: models end
 
 
 def test_weights_from_a_local_safetensors_file(tmp_path: Path) -> None:
@@ -179,6 +193,7 @@ def test_a_truncated_file_in_the_hub_cache_is_one_message_naming_it(offline_hub:
     assert message.endswith("Fix: delete that file (it is downloaded again), or put the genuine file there.")
 
 
+# room: finetune begin
 def test_layer_decay_groups_follow_the_models_own_blocks() -> None:
     net = build_backbone("timm/resnet18", 3)
     groups = depth_groups(net, "timm/resnet18", 0.5)
@@ -192,6 +207,9 @@ def test_layer_decay_groups_follow_the_models_own_blocks() -> None:
     assert {id(p) for p in groups[16]["params"]} == {id(p) for p in net.layer4[1].parameters() if p.ndim > 1}
     listed = [id(p) for g in groups for p in g["params"]]
     assert sorted(listed) == sorted(id(p) for p in net.parameters())
+
+
+# room: finetune end
 
 
 def test_freezing_a_timm_backbone_trains_its_classifier_only() -> None:

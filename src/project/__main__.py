@@ -1,6 +1,6 @@
 """The one entry point, of `python -m project ...` and of the installed `project` script: dispatch only.
 
-The commands of COMMANDS (infer, models, ...) have a module of their own and skip the training CLI
+The commands of COMMANDS (infer, ...) have a module of their own and skip the training CLI
 (most of them torch too): they go first. Everything else is a LightningCLI subcommand of
 project.cli (TRAINING: fit, validate, test, predict and the Trainer's own, such as export). Every command's
 main ends a user's mistake the same way
@@ -37,7 +37,9 @@ COMMANDS = {
     # room: audit begin
     "audit": ("project.audit.command", "wrong labels, duplicates, leaks", "audit"),
     # room: audit end
+    # room: models begin
     "models": ("project.models", "the backbones --model.backbone takes", None),
+    # room: models end
     # room: shards begin
     "optimize": ("project.optimize", "a data set as LitData shards, local or in a bucket", "shards"),
     # room: shards end

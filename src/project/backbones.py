@@ -72,6 +72,20 @@ def head_of(model: nn.Module) -> nn.Module:
     return layers[-1]
 
 
+def freeze_backbone(net: nn.Module, frozen: bool) -> None:
+    """Stop (or restart) gradients to every parameter but the head's."""
+    net.requires_grad_(not frozen)
+    head_of(net).requires_grad_(True)
+
+
+def fix_batchnorm(net: nn.Module) -> None:
+    """Put the backbone's BatchNorm layers in eval mode: a frozen backbone keeps its running statistics."""
+    head = head_of(net)
+    for module in net.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module is not head:
+            module.eval()
+
+
 def feature_layer(model: nn.Module) -> nn.Linear | None:
     """The classification layer when it is a Linear, whose input is then the penultimate features (an
     export's second output); None where it is not (squeezenet's convolution)."""

@@ -30,14 +30,14 @@ from project.callbacks import (
     ExportBest,
     GracefulStop,
     GradNormMonitor,
-    HParams,
+    HParams,  # room: dashboard
     Misclassified,  # room: pictures
     NonFiniteGuard,
     PredictionWriter,
     RNGState,
     RunSummary,
-    ScalarsLayout,
-    Throughput,
+    ScalarsLayout,  # room: dashboard
+    Throughput,  # room: dashboard
     TrackerArtifacts,  # room: trackers
     TrainingImages,  # room: pictures
 )
@@ -114,22 +114,23 @@ CALLBACKS: dict[str, tuple[type[Callback], dict[str, Any]]] = {
     "data_check": (DataCheck, {}),
     "non_finite": (NonFiniteGuard, {}),
     "grad_norm": (GradNormMonitor, {}),
-    # monitoring: what TensorBoard shows besides the scalars
+    # monitoring: what TensorBoard shows besides the scalars  # room: pictures, dashboard
     "training_images": (TrainingImages, {}),  # room: pictures
     "confusion_matrix": (ConfusionMatrix, {}),  # room: pictures
     "misclassified": (Misclassified, {}),  # room: pictures
-    "throughput": (Throughput, {}),
-    "hparams": (HParams, {}),
+    "throughput": (Throughput, {}),  # room: dashboard
+    "hparams": (HParams, {}),  # room: dashboard
 }
 # Always on, without flags: the exact-resume RNG state, the clean stop on Ctrl-C/SIGTERM, the
-# check of the file paths a resumed checkpoint's ModelCheckpoint state names, TensorBoard's layout
-# (accuracy and loss first), the files the trackers get when fit ends (nothing without one), and the
-# block that ends a fit (after GracefulStop's, whose checkpoint it names).
+# check of the file paths a resumed checkpoint's ModelCheckpoint state names,
+# TensorBoard's layout (accuracy and loss first),  # room: dashboard
+# the files the trackers get when fit ends (nothing without one),  # room: trackers
+# and the block that ends a fit (after GracefulStop's, whose checkpoint it names).
 BUILT_IN: tuple[type[Callback], ...] = (
     RNGState,
     GracefulStop,
     CheckpointPaths,
-    ScalarsLayout,
+    ScalarsLayout,  # room: dashboard
     TrackerArtifacts,  # room: trackers
     RunSummary,
 )

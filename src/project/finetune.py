@@ -48,17 +48,3 @@ def depth_groups(net: nn.Module, backbone: str, layer_decay: float) -> list[dict
         groups.append({"params": [p for p in level if p.ndim > 1], "lr_scale": scale})
         groups.append({"params": [p for p in level if p.ndim <= 1], "lr_scale": scale, "weight_decay": 0.0})
     return groups
-
-
-def freeze_backbone(net: nn.Module, frozen: bool) -> None:
-    """Stop (or restart) gradients to every parameter but the head's."""
-    net.requires_grad_(not frozen)
-    head_of(net).requires_grad_(True)
-
-
-def fix_batchnorm(net: nn.Module) -> None:
-    """Put the backbone's BatchNorm layers in eval mode: a frozen backbone keeps its running statistics."""
-    head = head_of(net)
-    for module in net.modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module is not head:
-            module.eval()

@@ -21,11 +21,15 @@ from torchmetrics.classification import (
 )
 from typing_extensions import override
 
-from project.backbones import build_backbone, preprocessing
+from project.backbones import build_backbone, fix_batchnorm, preprocessing
+from project.backbones import freeze_backbone as set_frozen
 from project.config_checks import positive_int, require
 from project.errors import UserError
-from project.finetune import depth_groups, fix_batchnorm
-from project.finetune import freeze_backbone as set_frozen
+
+# room: finetune begin
+from project.finetune import depth_groups
+
+# room: finetune end
 from project.metrics import (
     classification_metrics,
     multilabel_metrics,  # room: multilabel
@@ -142,8 +146,8 @@ class ImageClassifier(L.LightningModule):
         backbone: str = "mobilenet_v3_small",
         weights: str | None = None,
         freeze_backbone: bool = False,
-        head_epochs: int = 0,
-        layer_decay: float = 1.0,
+        head_epochs: int = 0,  # room: finetune
+        layer_decay: float = 1.0,  # room: finetune
         tta: Literal["none", "flip"] = "none",
         bn_momentum: float | None = 0.1,
         optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -166,14 +170,16 @@ class ImageClassifier(L.LightningModule):
             class_names: Class names in label order; linked from the data and kept in checkpoints.
             image_size: Training image size; linked from the data and used by predict and export.
             backbone: A model name of a backbone family: torchvision's by name (resnet18, efficientnet_b0,
-                vit_b_16, ...), another family's with its prefix; `python -m project models` lists them.
+                vit_b_16, ...), another family's with its prefix (docs/models.md).
             weights: none, DEFAULT, a weights name of the model's family (torchvision's IMAGENET1K_V1, ...)
                 or a local .safetensors/.pth state-dict file.
             freeze_backbone: Train the head only (the backbone's BatchNorm statistics stay fixed too).
+            # room: finetune begin
             head_epochs: Fine-tuning: train the head only for this many epochs (backbone frozen as with
                 freeze_backbone), then every layer.
             layer_decay: Fine-tuning: the backbone, cut into 8 levels from the head down, learns at
                 lr x layer_decay^k at level k (1.0: one learning rate for all; 0.7 is a common choice).
+            # room: finetune end
             tta: Test-time augmentation in validate, test and predict: none, or flip (the mean of the
                 logits of the image and its mirror image). Not part of exports.
             bn_momentum: Set every BatchNorm's momentum. torchvision's mobilenet/efficientnet/mnasnet use
@@ -208,8 +214,10 @@ class ImageClassifier(L.LightningModule):
             )
         positive_int("model.num_classes", num_classes)
         require(0 <= label_smoothing < 1, "model.label_smoothing", label_smoothing, "a number in [0, 1)")
+        # room: finetune begin
         require(head_epochs >= 0, "model.head_epochs", head_epochs, "a whole number of epochs, 0 or more")
         require(0 < layer_decay <= 1, "model.layer_decay", layer_decay, "a number in (0, 1]")
+        # room: finetune end
         # room: multilabel begin
         if task == "multilabel" and class_weights is not None:
             raise UserError(
@@ -233,8 +241,8 @@ class ImageClassifier(L.LightningModule):
         self.channels_last = channels_last is True  # "auto" is resolved in setup, once the device is known
         self.compile_net = compile
         self.freeze_backbone = freeze_backbone
-        self.head_epochs = head_epochs
-        self.layer_decay = layer_decay
+        self.head_epochs = head_epochs  # room: finetune
+        self.layer_decay = layer_decay  # room: finetune
         self.tta = tta
         self.backbone_frozen = freeze_backbone  # also true in the head-only epochs of a fine-tuning
         # room: multilabel begin
@@ -333,6 +341,7 @@ class ImageClassifier(L.LightningModule):
             fix_batchnorm(self.net)
         return self
 
+    # room: finetune begin
     @override
     def on_train_epoch_start(self) -> None:
         """Fine-tuning: the backbone is frozen in the first `head_epochs` epochs (also after a resume)."""
@@ -340,6 +349,8 @@ class ImageClassifier(L.LightningModule):
             self.backbone_frozen = self.current_epoch < self.head_epochs
             set_frozen(self.net, self.backbone_frozen)
             self.train()
+
+    # room: finetune end
 
     @override
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
@@ -503,6 +514,7 @@ class ImageClassifier(L.LightningModule):
 
     @override
     def configure_optimizers(self) -> dict:
+        # room: finetune begin
         if self.head_epochs or self.layer_decay != 1.0:
             # every parameter from the start (frozen ones get no gradient, so no step): the param groups
             # stay the same through the phases, and a resumed run's optimizer state fits them
@@ -510,16 +522,21 @@ class ImageClassifier(L.LightningModule):
             optimizer = build_optimizer(self.optimizer, groups, self._clips_mixed())
             for group in optimizer.param_groups:
                 group["lr"] *= group["lr_scale"]
-        else:
-            decay, no_decay = [], []
-            for param in self.parameters():
-                if param.requires_grad:
-                    (no_decay if param.ndim <= 1 else decay).append(param)  # biases and norms: no decay
-            optimizer = build_optimizer(
-                self.optimizer,
-                [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
-                self._clips_mixed(),
-            )
+            return self._scheduled(optimizer)
+        # room: finetune end
+        decay, no_decay = [], []
+        for param in self.parameters():
+            if param.requires_grad:
+                (no_decay if param.ndim <= 1 else decay).append(param)  # biases and norms: no decay
+        optimizer = build_optimizer(
+            self.optimizer,
+            [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
+            self._clips_mixed(),
+        )
+        return self._scheduled(optimizer)
+
+    def _scheduled(self, optimizer: torch.optim.Optimizer) -> dict:
+        """Lightning's optimizer configuration: `optimizer` with the run's scheduler, if any."""
         if self.scheduler is None:
             return {"optimizer": optimizer}
         scheduler = self.scheduler(optimizer)

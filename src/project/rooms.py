@@ -180,6 +180,30 @@ ROOMS = {
         files=("src/project/callbacks/ema.py", "tests/test_ema.py"),
     ),
     # room: ema end
+    # room: models begin
+    "models": Room(
+        "`models`: the backbones --model.backbone takes, by pattern, with their weights and preprocessing",
+        files=("src/project/models.py", "tests/test_models.py"),
+        commands=("models",),
+    ),
+    # room: models end
+    # room: dashboard begin
+    "dashboard": Room(
+        "TensorBoard's views past the scalars: images/s and epoch time (in the bar too), hparams, a layout",
+        files=(
+            "src/project/callbacks/throughput.py",
+            "src/project/callbacks/hparams.py",
+            "src/project/callbacks/scalars_layout.py",
+            "tests/test_throughput.py",
+        ),
+    ),
+    # room: dashboard end
+    # room: finetune begin
+    "finetune": Room(
+        "the fine-tuning schedule: head-only epochs, then layer-decayed learning rates (--model.head_epochs)",
+        files=("src/project/finetune.py", "tests/test_finetune.py"),
+    ),
+    # room: finetune end
     # room: multilabel begin
     "multilabel": Room(
         "multi-label classification (`--data.labels_csv`): a sigmoid per label, per-label metrics, threshold",
@@ -194,7 +218,12 @@ ROOMS = {
     # room: timm begin
     "timm": Room(
         "timm's models as backbones (`--model.backbone=timm/<name>`), weights from the Hugging Face hub",
-        files=("src/project/timm_backbones.py", "tests/test_timm_backbones.py", "docs/timm.md"),
+        files=(
+            "src/project/timm_backbones.py",
+            "src/project/sync_batchnorm.py",  # --trainer.sync_batchnorm that keeps timm's layers whole
+            "tests/test_timm_backbones.py",
+            "docs/timm.md",
+        ),
         extras=("timm",),
     ),
     # room: timm end

@@ -67,11 +67,11 @@ def architecture(name: str) -> str:
     if not timm.is_model(arch):
         known = timm.list_models()
         close = difflib.get_close_matches(arch, known, n=3)
-        hint = (
-            f"did you mean {', '.join(PREFIX + c for c in close)}?"
-            if close
-            else "list them with `python -m project models timm/PATTERN`."
-        )
+        every = "timm.list_models() names them all."
+        # room: models begin
+        every = "list them with `python -m project models timm/PATTERN`."
+        # room: models end
+        hint = f"did you mean {', '.join(PREFIX + c for c in close)}?" if close else every
         raise UserError(f"Unknown backbone '{name}' (--model.backbone).", hint)
     return arch
 

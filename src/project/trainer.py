@@ -13,7 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.plugins import LayerSync
+from lightning.pytorch.plugins import LayerSync  # room: timm
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
@@ -22,7 +22,11 @@ from typing_extensions import override
 from project.checkpoint_io import DISK_FULL, AtomicCheckpointIO, DiskFullError
 from project.errors import UserError
 from project.export import export_checkpoint, validation_images
+
+# room: timm begin
 from project.sync_batchnorm import SyncBatchNorm
+
+# room: timm end
 
 
 class Trainer(L.Trainer):
@@ -37,8 +41,10 @@ class Trainer(L.Trainer):
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):  # a user's own CheckpointIO wins
             plugins.append(AtomicCheckpointIO())
+        # room: timm begin
         if kwargs.get("sync_batchnorm") and not any(isinstance(p, LayerSync) for p in plugins):
             plugins.append(SyncBatchNorm())  # keeps timm's norm + activation layers whole
+        # room: timm end
         kwargs["plugins"] = plugins
         super().__init__(*args, **kwargs)
         if kwargs.get("sync_batchnorm") and isinstance(self.strategy, DDPStrategy):

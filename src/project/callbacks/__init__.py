@@ -16,8 +16,11 @@ from project.callbacks.epoch_lines import EpochLines
 from project.callbacks.export import ExportBest
 from project.callbacks.graceful_stop import GracefulStop
 from project.callbacks.grad_norm import GradNormMonitor
+
+# room: dashboard begin
 from project.callbacks.hparams import HParams
 
+# room: dashboard end
 # room: pictures begin
 from project.callbacks.misclassified import Misclassified
 
@@ -26,9 +29,12 @@ from project.callbacks.non_finite import NonFiniteGuard
 from project.callbacks.prediction_writer import PredictionWriter
 from project.callbacks.rng_state import RNGState
 from project.callbacks.run_summary import RunSummary
+
+# room: dashboard begin
 from project.callbacks.scalars_layout import ScalarsLayout
 from project.callbacks.throughput import Throughput
 
+# room: dashboard end
 # room: trackers begin
 from project.callbacks.trackers import TrackerArtifacts
 
@@ -47,14 +53,14 @@ __all__ = [
     "ExportBest",
     "GracefulStop",
     "GradNormMonitor",
-    "HParams",
+    "HParams",  # room: dashboard
     "Misclassified",  # room: pictures
     "NonFiniteGuard",
     "PredictionWriter",
     "RNGState",
     "RunSummary",
-    "ScalarsLayout",
-    "Throughput",
+    "ScalarsLayout",  # room: dashboard
+    "Throughput",  # room: dashboard
     "TrackerArtifacts",  # room: trackers
     "TrainingImages",  # room: pictures
 ]
