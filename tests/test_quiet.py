@@ -1,4 +1,4 @@
-"""Lightning's messages that help no one are dropped, and the template's own warnings are one line each."""
+"""The template's own warnings are one line each, and Lightning's messages that help no one are dropped."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import project
 from project.quiet import quiet_lightning
 
+# room: console begin
 NOISE = [
     "The number of training batches (3) is smaller than the logging interval Trainer(log_every_n_steps=50). "
     "Set a lower value for log_every_n_steps if you want to see logs for the training epoch.",
@@ -30,6 +31,7 @@ def test_lightnings_noise_is_dropped_and_other_warnings_still_show() -> None:
     ]
 
 
+# room: console end
 def test_the_templates_own_warnings_print_as_one_line_without_the_source_line() -> None:
     quiet_lightning()
     ours = str(Path(project.__file__).parent / "callbacks" / "data_check.py")

@@ -24,9 +24,10 @@ from project.backbones import preprocessing
 from project.callbacks import (
     EMA,  # room: ema
     CheckpointPaths,
+    CompactModelSummary,  # room: console
     ConfusionMatrix,  # room: pictures
     DataCheck,
-    EpochLines,
+    EpochLines,  # room: console
     ExportBest,
     GracefulStop,
     GradNormMonitor,
@@ -54,7 +55,7 @@ from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError, exits_on_user_error, usage_error
 from project.metrics import MONITOR
 from project.model import ImageClassifier
-from project.quiet import CompactModelSummary, quiet_lightning
+from project.quiet import quiet_lightning
 from project.runs import (
     CHECKPOINTS,
     LOGS,
@@ -134,9 +135,11 @@ BUILT_IN: tuple[type[Callback], ...] = (
     TrackerArtifacts,  # room: trackers
     RunSummary,
 )
+# room: console begin
 # What the console shows, where the trainer's own flags leave it on (console_callbacks): the model summary
 # without a FLOPs column, and per-epoch lines instead of the progress bar when stdout is not a terminal.
 CONSOLE: tuple[type[Callback], ...] = (CompactModelSummary, EpochLines)
+# room: console end
 
 
 class ProjectCLI(LightningCLI):
@@ -166,7 +169,7 @@ class ProjectCLI(LightningCLI):
             },
             save_config_callback=AtomicSaveConfig,
             save_config_kwargs={"overwrite": True},
-            trainer_defaults={"callbacks": [callback() for callback in BUILT_IN]},  # + console_callbacks
+            trainer_defaults={"callbacks": [callback() for callback in BUILT_IN]},  # per command: below
             auto_configure_optimizers=False,
             **kwargs,
         )
@@ -276,8 +279,9 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         check_cli_config(config)
-        console = console_callbacks(self.subcommand, config)
-        self.trainer_defaults["callbacks"] = [*(callback() for callback in BUILT_IN), *console]
+        callbacks = [callback() for callback in BUILT_IN]
+        callbacks += console_callbacks(self.subcommand, config)  # room: console
+        self.trainer_defaults["callbacks"] = callbacks
         apply_backbone_defaults(config)
         # room: trackers begin
         if self.subcommand in DRY + FINDERS:
@@ -343,6 +347,7 @@ class ProjectCLI(LightningCLI):
     # room: trackers end
 
 
+# room: console begin
 def console_callbacks(subcommand: str, config: Any) -> list[Callback]:
     """CONSOLE's callbacks for this command, each only where the trainer's flag leaves it on
     (Lightning refuses a progress bar callback with enable_progress_bar=false)."""
@@ -352,6 +357,9 @@ def console_callbacks(subcommand: str, config: Any) -> list[Callback]:
     if subcommand == "fit" and config.trainer.enable_progress_bar is not False and not sys.stdout.isatty():
         callbacks.append(EpochLines())
     return callbacks
+
+
+# room: console end
 
 
 def resumed_checkpoint(name: str | None) -> str | None:

@@ -1,19 +1,18 @@
-"""Quiet by default: Lightning's messages that do not help a user of this template, dropped in one place.
-
-Each is matched on its own text, so a new message from Lightning still shows.
+"""A quiet console: the template's own warnings as one line each.
+# room: console begin
+Lightning's messages that do not help a user of this template are dropped in one place (each matched on
+its own text, so a new message from Lightning still shows).
+# room: console end
 """
 
 from __future__ import annotations
 
-import logging
+import logging  # room: console
 import warnings
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import ModelSummary
-
-# private Lightning API, checked against lightning 2.6 (the pin is <2.7)
-from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+# room: console begin
 from typing_extensions import override
 
 # rank_zero_info lines: an advertisement, a note on an internal step, and the note that our own
@@ -32,7 +31,6 @@ DROPPED_WARNINGS = (
     # fit's (the time budget) and nothing else needs it
     r"(?s).*Please add the following callbacks: \['Timer'\]\.$",
 )
-PACKAGE_FOLDER = str(Path(__file__).parent)
 
 
 class _DropInfo(logging.Filter):
@@ -41,14 +39,24 @@ class _DropInfo(logging.Filter):
         return not str(record.msg).startswith(DROPPED_INFO)
 
 
+# room: console end
+PACKAGE_FOLDER = str(Path(__file__).parent)
+
+
 def quiet_lightning() -> None:
-    """Drop the messages above from Lightning's loggers and warnings (idempotent)."""
+    """Print the template's own warnings as one line (idempotent).
+    # room: console begin
+    Drop DROPPED_INFO from Lightning's loggers and DROPPED_WARNINGS from its warnings.
+    # room: console end
+    """
+    # room: console begin
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropInfo) for f in logger.filters):
             logger.addFilter(_DropInfo())
     for message in DROPPED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
+    # room: console end
     if not getattr(warnings.formatwarning, "plain", False):
         warnings.formatwarning = _plain(warnings.formatwarning)
 
@@ -64,26 +72,3 @@ def _plain(default: Any) -> Any:
 
     format_warning.plain = True  # type: ignore[attr-defined]
     return format_warning
-
-
-class CompactModelSummary(ModelSummary):
-    """Lightning's model summary without its FLOPs column and total, which are all 0: Lightning counts
-    FLOPs only for a model with an `example_input_array`, and ours takes any image size."""
-
-    @staticmethod
-    @override
-    def summarize(
-        summary_data: list[tuple[str, list[str]]],
-        total_parameters: int,
-        trainable_parameters: int,
-        model_size: float,
-        total_training_modes: dict[str, int],
-        total_flops: int,
-        **summarize_kwargs: Any,
-    ) -> None:
-        columns = [column for column in summary_data if column[0] != "FLOPs"]
-        text = _format_summary_table(
-            total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
-        )
-        lines = [line for line in text.split("\n") if not line.endswith("Total Flops")]
-        logging.getLogger("lightning.pytorch.callbacks.model_summary").info("\n" + "\n".join(lines))

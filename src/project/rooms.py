@@ -204,6 +204,12 @@ ROOMS = {
         files=("src/project/finetune.py", "tests/test_finetune.py"),
     ),
     # room: finetune end
+    # room: console begin
+    "console": Room(
+        "a quiet console: Lightning's unhelpful messages dropped, no FLOPs column, per-epoch lines in a log",
+        files=("src/project/callbacks/epoch_lines.py", "src/project/callbacks/model_summary.py"),
+    ),
+    # room: console end
     # room: multilabel begin
     "multilabel": Room(
         "multi-label classification (`--data.labels_csv`): a sigmoid per label, per-label metrics, threshold",

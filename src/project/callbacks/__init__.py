@@ -12,7 +12,10 @@ from project.callbacks.data_check import DataCheck
 from project.callbacks.ema import EMA
 
 # room: ema end
+# room: console begin
 from project.callbacks.epoch_lines import EpochLines
+
+# room: console end
 from project.callbacks.export import ExportBest
 from project.callbacks.graceful_stop import GracefulStop
 from project.callbacks.grad_norm import GradNormMonitor
@@ -25,6 +28,10 @@ from project.callbacks.hparams import HParams
 from project.callbacks.misclassified import Misclassified
 
 # room: pictures end
+# room: console begin
+from project.callbacks.model_summary import CompactModelSummary
+
+# room: console end
 from project.callbacks.non_finite import NonFiniteGuard
 from project.callbacks.prediction_writer import PredictionWriter
 from project.callbacks.rng_state import RNGState
@@ -47,9 +54,10 @@ from project.callbacks.training_images import TrainingImages
 __all__ = [
     "EMA",  # room: ema
     "CheckpointPaths",
+    "CompactModelSummary",  # room: console
     "ConfusionMatrix",  # room: pictures
     "DataCheck",
-    "EpochLines",
+    "EpochLines",  # room: console
     "ExportBest",
     "GracefulStop",
     "GradNormMonitor",
