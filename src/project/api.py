@@ -368,7 +368,7 @@ class CheckpointModel(_Predicting):
             # the plain image's outputs, as `predict` takes them for the unknown verdict  # room: unknown
             FirstView(self.model.net, self.calibration.needs_features) as view,  # room: unknown
         ):
-            logits = self.model.predict_step((batch, None), 0).numpy()  # predict's own step (tta included)
+            logits = self.model.predict_step((batch, None), 0).numpy()  # predict's own step
             plain = view.take(batch)  # room: unknown
         return Stepped(
             logits,

@@ -115,6 +115,7 @@ class PredictionWriter(BasePredictionWriter):
         self._target = self.output or new_csv(Path(trainer.log_dir or "."))
         self._positions, self._probabilities, self._classes = [], [], []
         self._known, self._scores = [], []  # room: unknown
+        # room: recipes begin
         tta = getattr(pl_module, "tta", "none")
         if tta != "none" and trainer.is_global_zero:
             print(
@@ -124,6 +125,7 @@ class PredictionWriter(BasePredictionWriter):
                 + " (the `unknown` verdict is the plain image's, as theirs)"  # room: unknown
                 + ". --model.tta=none predicts as they do."
             )
+        # room: recipes end
         self.calibration = self._calibration(trainer, pl_module)
         # room: unknown begin
         net = getattr(pl_module, "net", None)  # a classifier of this project: take its plain view's outputs
