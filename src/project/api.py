@@ -403,8 +403,11 @@ class CheckpointModel(_Predicting):
 
 
 class Stepped(NamedTuple):
-    """What `CheckpointModel._answers` reads of a batch: the logits of predict's own step (test-time
-    augmentation included)."""
+    """What `CheckpointModel._answers` reads of a batch: the logits of predict's own step.
+    # room: recipes begin
+    Test-time augmentation included.
+    # room: recipes end
+    """
 
     logits: np.ndarray
     plain: Outputs | None = None  # the plain view's outputs, which the unknown verdict reads  # room: unknown
