@@ -454,7 +454,7 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:
             return None
-        loss, logits = self.loss(batch, self._views_logits(batch[0]))
+        loss, logits = self.loss(batch, self._evaluation_logits(batch[0]))
         scores, labels = self._metric_inputs(logits, batch[1])
         metrics.update(scores, labels)
         # room: multilabel begin
@@ -499,9 +499,9 @@ class ImageClassifier(L.LightningModule):
             return None
         # logits: PredictionWriter turns them into answers with the export's calibration
         # (project.deploy.calibration), as infer and serve do
-        return self._views_logits(batch[0]).float()
+        return self._evaluation_logits(batch[0]).float()
 
-    def _views_logits(self, images: torch.Tensor) -> torch.Tensor:
+    def _evaluation_logits(self, images: torch.Tensor) -> torch.Tensor:
         """Logits for evaluation and prediction.
         # room: recipes begin
         With `tta=flip`, the mean of the logits of the image and its mirror image.
