@@ -14,7 +14,9 @@ test images a class. Arms, alternated seed by seed, same epochs and learning rat
     full        the local weights, every layer trained from the first step
     schedule    the local weights, --model.head_epochs=E/4 --model.layer_decay=0.7  # room: finetune
 
+# room: recipes begin
 and test-time augmentation (`--model.tta=flip`) on/off, on each pretrained arm's last checkpoint.
+# room: recipes end
 Prints per-seed rows (validation accuracy at the end, wall time), the means and the ratios to `full`.
 `cifar` is the folder holding train/<class>/*.jpg and test/<class>/*.jpg
 (tar -xzf cifar10-jpeg.tar.gz gives cifar10/).
@@ -189,7 +191,7 @@ def main() -> None:
     # room: finetune end
     arms = {k: v for k, v in arms.items() if k in args.arms.split(",")}
     results: dict[str, list[tuple[float, float]]] = {a: [] for a in arms}
-    results |= {f"{a}+tta": [] for a in arms if a != "scratch"}
+    results |= {f"{a}+tta": [] for a in arms if a != "scratch"}  # room: recipes
     stamp = time.strftime("%H%M%S")
     for seed in range(args.seeds):
         for label, extra in arms.items():
@@ -197,10 +199,12 @@ def main() -> None:
             acc, seconds = arm(work, name, seed, epochs[label], args.lr, extra, args.backbone)
             results[label].append((acc, seconds))
             line = f"seed {seed} {label:<9} val/acc {acc:.4f}  {seconds:5.0f} s"
+            # room: recipes begin
             if label != "scratch":
                 tta = validate(work, name, ["--model.tta=flip"])
                 results[f"{label}+tta"].append((tta, 0.0))
                 line += f"   with --model.tta=flip: {tta:.4f}"
+            # room: recipes end
             print(line, flush=True)
     base = statistics.mean(a for a, _ in results["full"]) if results.get("full") else 1.0
     for label, rows in results.items():

@@ -140,7 +140,10 @@ def test_show_batch_writes_the_training_and_validation_views(shapes_root: Path, 
 
 def test_show_batch_in_python_is_an_image_a_notebook_shows(shapes_root: Path, workdir: Path) -> None:
     args = [a for a in fast_args(shapes_root) if "scheduler" not in a]
-    picture = api.show_batch(*args, overrides={"data.mixup_alpha": 0.4})
+    picture = api.show_batch(
+        *args,
+        overrides={"data.mixup_alpha": 0.4},  # room: recipes
+    )
     assert isinstance(picture, Image.Image) and picture.width > 2 * picture.height
     assert picture._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"  # what Jupyter displays inline
 

@@ -306,9 +306,9 @@ def test_multilabel_csv_is_audited(tmp_path: Path, workdir: Path) -> None:
 @pytest.mark.parametrize(
     "flags",
     [
-        ("--data.balance=sampler",),
-        ("--data.balance=loss",),
-        ("--data.mixup_alpha=0.2", "--data.cutmix_alpha=1.0"),
+        ("--data.balance=sampler",),  # room: recipes
+        ("--data.balance=loss",),  # room: recipes
+        ("--data.mixup_alpha=0.2", "--data.cutmix_alpha=1.0"),  # room: recipes
         ("--ema.decay=0.99",),  # room: ema
     ],
 )

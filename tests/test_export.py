@@ -498,6 +498,7 @@ def test_format_openvino_without_openvino_is_one_message_and_writes_nothing(
 
 
 # room: openvino end
+# room: recipes begin
 @pytest.mark.slow
 def test_a_run_with_tta_exports_under_its_own_accuracy(workdir: Path, shapes_root: Path, capsys) -> None:
     """The export runs without test-time augmentation: its name and sidecar stated the checkpoint's score,
@@ -537,3 +538,6 @@ def test_a_run_with_tta_exports_under_its_own_accuracy(workdir: Path, shapes_roo
     assert len(said) == 1 and "--model.tta=flip" in said[0] and "--model.tta=none" in said[0]
     assert run_cli("predict", f"--ckpt_path={best}", images, *plain) == 0
     assert "test-time augmentation" not in capsys.readouterr().out
+
+
+# room: recipes end

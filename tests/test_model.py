@@ -106,6 +106,7 @@ def test_plateau_scheduler_watches_val_loss() -> None:
     assert config["monitor"] == "val/loss" and config["interval"] == "epoch"
 
 
+# room: recipes begin
 def test_flip_tta_is_the_same_in_validation_and_predict() -> None:
     torch.manual_seed(0)
     model = ImageClassifier(num_classes=3, backbone="resnet18", tta="flip").eval()
@@ -125,6 +126,7 @@ def test_flip_tta_is_the_same_in_validation_and_predict() -> None:
     assert not torch.allclose(probs, plain, atol=1e-4)
 
 
+# room: recipes end
 def test_a_learnt_tensor_assigned_as_a_plain_attribute_is_named_before_training() -> None:
     from project.errors import UserError
     from project.model import ImageClassifier

@@ -59,6 +59,7 @@ def shapes_shards(shapes_root: Path, tmp_path_factory: pytest.TempPathFactory) -
     return out
 
 
+# room: recipes begin
 def test_balance_loss_weighs_classes_by_the_counts_in_the_index(
     shapes_shards: Path, shapes_root: Path
 ) -> None:
@@ -67,11 +68,12 @@ def test_balance_loss_weighs_classes_by_the_counts_in_the_index(
     assert shards.class_weights == ImageDataModule(root=str(shapes_root), balance="loss").class_weights
 
 
+# room: recipes end
 @pytest.mark.parametrize(
     ("option", "message"),
     [
         ({"cache": True}, "--data.cache=true: shards are streamed"),
-        ({"balance": "sampler"}, "balance=sampler"),
+        ({"balance": "sampler"}, "balance=sampler"),  # room: recipes
     ],
 )
 def test_options_that_need_the_whole_split_are_refused(

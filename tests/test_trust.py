@@ -298,6 +298,7 @@ def test_predict_explain_writes_an_overlay_per_image(
 
 # room: explain end
 # room: unknown begin
+# room: recipes begin
 @pytest.mark.slow
 def test_flip_tta_keeps_the_exports_unknown_rule(
     trained: Path, colours_root: Path, tmp_path: Path, workdir: Path
@@ -320,6 +321,7 @@ def test_flip_tta_keeps_the_exports_unknown_rule(
     assert abs(top1["flip"].mean() - top1["none"].mean()) < 0.1, (top1["flip"].mean(), top1["none"].mean())
 
 
+# room: recipes end
 # room: unknown end
 
 

@@ -368,7 +368,7 @@ class CheckpointModel(_Predicting):
             # the plain image's outputs, as `predict` takes them for the unknown verdict  # room: unknown
             FirstView(self.model.net, self.calibration.needs_features) as view,  # room: unknown
         ):
-            logits = self.model.predict_step((batch, None), 0).numpy()  # predict's own step (tta included)
+            logits = self.model.predict_step((batch, None), 0).numpy()  # predict's own step
             plain = view.take(batch)  # room: unknown
         return Stepped(
             logits,
@@ -403,8 +403,11 @@ class CheckpointModel(_Predicting):
 
 
 class Stepped(NamedTuple):
-    """What `CheckpointModel._answers` reads of a batch: the logits of predict's own step (test-time
-    augmentation included)."""
+    """What `CheckpointModel._answers` reads of a batch: the logits of predict's own step.
+    # room: recipes begin
+    Test-time augmentation included.
+    # room: recipes end
+    """
 
     logits: np.ndarray
     plain: Outputs | None = None  # the plain view's outputs, which the unknown verdict reads  # room: unknown

@@ -271,7 +271,7 @@ class ProjectCLI(LightningCLI):
                 "class_names",
                 "image_size",
                 "task",  # room: multilabel
-                "class_weights",
+                "class_weights",  # room: recipes
             ):
                 parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
 

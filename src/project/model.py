@@ -82,6 +82,7 @@ def label_names(model: object, count: int | None = None) -> list[str]:
     return [str(i) for i in range(model.hparams["num_classes"] if count is None else count)]
 
 
+# room: recipes begin
 def check_class_weights(class_weights: list[float] | None, num_classes: int) -> None:
     """One positive, finite weight per class."""
     if class_weights is None:
@@ -94,6 +95,7 @@ def check_class_weights(class_weights: list[float] | None, num_classes: int) -> 
     )
 
 
+# room: recipes end
 def check_pixel_values(images: torch.Tensor) -> None:
     """Refuse float images that are not on the 0-255 scale the model takes (ValueError saying what to pass).
 
@@ -148,13 +150,13 @@ class ImageClassifier(L.LightningModule):
         freeze_backbone: bool = False,
         head_epochs: int = 0,  # room: finetune
         layer_decay: float = 1.0,  # room: finetune
-        tta: Literal["none", "flip"] = "none",
+        tta: Literal["none", "flip"] = "none",  # room: recipes
         bn_momentum: float | None = 0.1,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         scheduler: LRSchedulerCallable | None = WarmupCosineLR,
         scheduler_interval: Literal["step", "epoch"] = "step",
         label_smoothing: float = 0.0,
-        class_weights: list[float] | None = None,
+        class_weights: list[float] | None = None,  # room: recipes
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         channels_last: bool | Literal["auto"] = "auto",
@@ -180,8 +182,10 @@ class ImageClassifier(L.LightningModule):
             layer_decay: Fine-tuning: the backbone, cut into 8 levels from the head down, learns at
                 lr x layer_decay^k at level k (1.0: one learning rate for all; 0.7 is a common choice).
             # room: finetune end
+            # room: recipes begin
             tta: Test-time augmentation in validate, test and predict: none, or flip (the mean of the
                 logits of the image and its mirror image). Not part of exports.
+            # room: recipes end
             bn_momentum: Set every BatchNorm's momentum. torchvision's mobilenet/efficientnet/mnasnet use
                 0.01 or less, tuned for long ImageNet runs: a short run from scratch needs about 0.1,
                 or its running statistics (used in evaluation) never catch up. null keeps the backbone's own.
@@ -189,9 +193,11 @@ class ImageClassifier(L.LightningModule):
             scheduler: Learning-rate schedule; WarmupCosineLR by default, ReduceLROnPlateau on val/loss.
             scheduler_interval: Step the schedule every optimizer step or every epoch.
             label_smoothing: Cross-entropy label smoothing.
+            # room: recipes begin
             class_weights: Weight of each class in the training loss, in label order; linked from the
                 data with `--data.balance=loss` (inverse class frequency) and kept in checkpoints.
                 val/loss and test/loss stay the unweighted cross-entropy.
+            # room: recipes end
             mean: Per-channel mean in [0, 1] for normalization; null: the backbone's pretrained config
                 (ImageNet's for torchvision; its own for another family's weights).
             std: Per-channel standard deviation in [0, 1] for normalization; null: as for mean.
@@ -218,6 +224,7 @@ class ImageClassifier(L.LightningModule):
         require(head_epochs >= 0, "model.head_epochs", head_epochs, "a whole number of epochs, 0 or more")
         require(0 < layer_decay <= 1, "model.layer_decay", layer_decay, "a number in (0, 1]")
         # room: finetune end
+        # room: recipes begin
         # room: multilabel begin
         if task == "multilabel" and class_weights is not None:
             raise UserError(
@@ -226,6 +233,7 @@ class ImageClassifier(L.LightningModule):
             )
         # room: multilabel end
         check_class_weights(class_weights, num_classes)
+        # room: recipes end
         # what the pretrained weights expect; kept in checkpoints and export sidecars
         self.pretrained_config = preprocessing(backbone, weights)
         mean = tuple(mean) if mean is not None else self.pretrained_config["mean"]
@@ -243,16 +251,18 @@ class ImageClassifier(L.LightningModule):
         self.freeze_backbone = freeze_backbone
         self.head_epochs = head_epochs  # room: finetune
         self.layer_decay = layer_decay  # room: finetune
-        self.tta = tta
+        self.tta = tta  # room: recipes
         self.backbone_frozen = freeze_backbone  # also true in the head-only epochs of a fine-tuning
         # room: multilabel begin
         self.task = task
         self.threshold = threshold
         # room: multilabel end
         self.normalize = Normalize(mean, std)
+        # room: recipes begin
         # not in the state dict: the weights are a hyper-parameter (checkpoints keep them there)
         weight = torch.tensor(class_weights, dtype=torch.float) if class_weights is not None else None
         self.register_buffer("class_weight", weight, persistent=False)
+        # room: recipes end
         self.net = build_backbone(backbone, num_classes, weights, image_size)
         if bn_momentum is not None:
             for module in self.net.modules():
@@ -383,11 +393,15 @@ class ImageClassifier(L.LightningModule):
         self,
         batch: tuple[torch.Tensor, torch.Tensor],
         logits: torch.Tensor | None = None,
-        weight: torch.Tensor | None = None,
+        weight: torch.Tensor | None = None,  # room: recipes
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss of a batch and its logits (computed unless given): what training, evaluation and
-        `memory` compute. Multiclass labels are class indices [N], or class probabilities [N, C]
-        (MixUp/CutMix's soft targets); `weight` weighs the classes (training only)."""
+        `memory` compute. Multiclass labels are class indices [N].
+        # room: recipes begin
+        Or class probabilities [N, C] (MixUp/CutMix's soft targets); `weight` weighs the classes
+        (training only).
+        # room: recipes end
+        """
         images, labels = batch
         logits = self(images) if logits is None else logits
         # room: multilabel begin
@@ -395,17 +409,25 @@ class ImageClassifier(L.LightningModule):
             targets = labels.float() * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
             return F.binary_cross_entropy_with_logits(logits, targets), logits
         # room: multilabel end
-        loss = F.cross_entropy(logits, labels, weight=weight, label_smoothing=self.label_smoothing)
+        loss = F.cross_entropy(
+            logits,
+            labels,
+            weight=weight,  # room: recipes
+            label_smoothing=self.label_smoothing,
+        )
         return loss, logits
 
     def _metric_inputs(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """What the metrics see: the logits and a class per image (MixUp/CutMix's soft targets: the
-        dominant class, the larger share)."""
+        """What the metrics see: the logits and a class per image."""
         # room: multilabel begin
         if self.multilabel:  # the probabilities (torchmetrics would guess) and the 0/1 rows
             return logits.float().sigmoid(), labels
         # room: multilabel end
-        return logits, labels.argmax(dim=1) if labels.is_floating_point() else labels
+        # room: recipes begin
+        if labels.is_floating_point():  # MixUp/CutMix's soft targets: the dominant class, the larger share
+            return logits, labels.argmax(dim=1)
+        # room: recipes end
+        return logits, labels
 
     @override
     def training_step(
@@ -413,7 +435,10 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:  # every image of the batch was skipped as unreadable
             return None
-        loss, logits = self.loss(batch, weight=self.class_weight)
+        loss, logits = self.loss(
+            batch,
+            weight=self.class_weight,  # room: recipes
+        )
         self.train_metrics.update(*self._metric_inputs(logits.detach(), batch[1]))
         self.log("train/loss", loss, prog_bar=True)
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
@@ -440,7 +465,7 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:
             return None
-        loss, logits = self.loss(batch, self._views_logits(batch[0]))
+        loss, logits = self.loss(batch, self._evaluation_logits(batch[0]))
         scores, labels = self._metric_inputs(logits, batch[1])
         metrics.update(scores, labels)
         # room: multilabel begin
@@ -485,11 +510,12 @@ class ImageClassifier(L.LightningModule):
             return None
         # logits: PredictionWriter turns them into answers with the export's calibration
         # (project.deploy.calibration), as infer and serve do
-        return self._views_logits(batch[0]).float()
+        return self._evaluation_logits(batch[0]).float()
 
-    def _views_logits(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits for evaluation: with `tta=flip`, the mean of the logits of the image and its mirror
-        image.
+    def _evaluation_logits(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits for evaluation and prediction.
+        # room: recipes begin
+        With `tta=flip`, the mean of the logits of the image and its mirror image.
         # room: multilabel begin
         For multi-label, the logit of the mean sigmoid.
         # room: multilabel end
@@ -500,15 +526,18 @@ class ImageClassifier(L.LightningModule):
         # room: unknown begin
         With the log of the mean softmax, its unknown threshold would answer every image `unknown`.
         # room: unknown end
+        # room: recipes end
         """
-        if self.tta == "none":
-            return self(images)
-        views = torch.stack([self(images), self(images.flip(-1))]).float()
-        # room: multilabel begin
-        if self.multilabel:
-            return torch.logit(views.sigmoid().mean(0), eps=1e-6)
-        # room: multilabel end
-        return views.mean(0)
+        # room: recipes begin
+        if self.tta != "none":
+            views = torch.stack([self(images), self(images.flip(-1))]).float()
+            # room: multilabel begin
+            if self.multilabel:
+                return torch.logit(views.sigmoid().mean(0), eps=1e-6)
+            # room: multilabel end
+            return views.mean(0)
+        # room: recipes end
+        return self(images)
 
     # ---- optimization ----
 

@@ -221,6 +221,12 @@ ROOMS = {
         ),
     ),
     # room: multilabel end
+    # room: recipes begin
+    "recipes": Room(
+        "training recipes beyond the plain one: MixUp/CutMix, class balancing, test-time augmentation (flip)",
+        files=("tests/test_mix.py", "tests/test_balance.py", "bench/imbalance_mix.py"),
+    ),
+    # room: recipes end
     # room: timm begin
     "timm": Room(
         "timm's models as backbones (`--model.backbone=timm/<name>`), weights from the Hugging Face hub",

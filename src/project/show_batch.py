@@ -1,8 +1,11 @@
 """`python -m project show_batch`: what the model will be trained on, as a PNG, without training.
 
-The training images come through the run's own training transform (crop, flip, auto-augment) and
-MixUp/CutMix, the validation images through its evaluation resize and crop: both uint8, exactly
-what the model is given (it normalizes inside). Each image is captioned with its label.
+The training images come through the run's own training transform (crop, flip, auto-augment), the
+validation images through its evaluation resize and crop: both uint8, exactly what the model is given
+(it normalizes inside). Each image is captioned with its label.
+# room: recipes begin
+The training images are mixed by the run's MixUp/CutMix too, as fit mixes them.
+# room: recipes end
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ def batch_view(datamodule: ImageDataModule, count: int = 12, seed: int = 0) -> n
         torch.manual_seed(seed)
         chosen = torch.randperm(len(train), generator=generator)[: count * 2].tolist()
         images, labels = _items(train, chosen, count)
+        # room: recipes begin
         if datamodule.batch_mix is not None:  # MixUp/CutMix, as fit applies them on the device
             images, labels = datamodule.batch_mix(images, labels)
+        # room: recipes end
     spaced = np.linspace(0, len(val) - 1, min(count, len(val))).round().astype(int).tolist()
     val_images, val_labels = _items(val, spaced, count)
     size = datamodule.image_size
@@ -74,21 +79,26 @@ def _items(dataset: Dataset, indices: list[int], count: int) -> tuple[torch.Tens
 
 
 def _captions(labels: torch.Tensor, names: list[str]) -> list[str]:
-    """The class name; MixUp/CutMix: the dominant class and its share.
+    """The class name.
+    # room: recipes begin
+    MixUp/CutMix: the dominant class and its share.
+    # room: recipes end
     # room: multilabel begin
     Multi-label: every label.
     # room: multilabel end
     """
-    if labels.ndim == 1:
-        return [names[int(y)] for y in labels]
     # room: multilabel begin
-    if not labels.is_floating_point():
+    if labels.ndim == 2 and not labels.is_floating_point():
         return [
             " ".join(n for n, on in zip(names, row.tolist(), strict=True) if on) or "(none)" for row in labels
         ]
     # room: multilabel end
-    shares, top = labels.max(dim=1)
-    return [f"{names[int(t)]} {float(s):.0%}" for s, t in zip(shares, top, strict=True)]
+    # room: recipes begin
+    if labels.ndim == 2:  # class probabilities
+        shares, top = labels.max(dim=1)
+        return [f"{names[int(t)]} {float(s):.0%}" for s, t in zip(shares, top, strict=True)]
+    # room: recipes end
+    return [names[int(y)] for y in labels]
 
 
 def _beside(left: np.ndarray, right: np.ndarray) -> np.ndarray:

@@ -110,7 +110,7 @@ class Trainer(L.Trainer):
 
         Args:
             model: The model as `fit` would build it (unused: the data's own classes caption the images).
-            datamodule: The data as `fit` would use it: its transforms, MixUp/CutMix and class names.
+            datamodule: The data as `fit` would use it: its transforms and class names.
             output: The PNG to write.
             count: Images of each split.
         """

@@ -159,14 +159,18 @@ def check_recipe_not_used(config: Any) -> None:
     """The folds train a plain short recipe (no sampler, batch mixing or weight averaging: their loaders
     and trainers are the audit's own), and confident learning wants the plain model's probabilities, not
     reweighted or mixed ones: fit's options that change the recipe are refused, not ignored."""
+    used: list[str] = []
+    overrides: list[str] = []
+    # room: recipes begin
     data = config.data
-    used = [f"--data.balance={data.balance}"] if data.get("balance", "none") != "none" else []
+    used += [f"--data.balance={data.balance}"] if data.get("balance", "none") != "none" else []
     used += [f"--data.{k}={data[k]}" for k in ("mixup_alpha", "cutmix_alpha") if data.get(k)]
-    overrides = "--data.balance=none --data.mixup_alpha=0 --data.cutmix_alpha=0"
+    overrides += ["--data.balance=none", "--data.mixup_alpha=0", "--data.cutmix_alpha=0"]
+    # room: recipes end
     # room: ema begin
     ema = config.get("ema")
     used += [f"--ema.decay={ema.decay}"] if ema is not None and ema.get("decay") is not None else []
-    overrides += " --ema.decay=null"
+    overrides += ["--ema.decay=null"]
     # room: ema end
     if used:
         raise UserError(
@@ -174,7 +178,7 @@ def check_recipe_not_used(config: Any) -> None:
             "out-of-fold probabilities it ranks labels by are a plain model's (not reweighted, mixed or "
             "averaged).",
             f"leave {'them' if len(used) > 1 else 'it'} out for the audit (a --config of fit's with "
-            f"them: override with {overrides}).",
+            f"them: override with {' '.join(overrides)}).",
         )
 
 

@@ -77,9 +77,13 @@ class DataCheck(Callback):
         table = class_count_table(counts)
         rank_zero_info(table)  # its class names are escaped: folder names may hold control characters
         log_text(trainer, "data_check/class_counts", table)
-        balance = getattr(trainer.datamodule, "balance", "none")
+        balance = getattr(trainer.datamodule, "balance", "none")  # room: recipes
         for split, split_counts in counts.items():
-            self._warn_imbalance(split, split_counts, balance if split == "train" else None)
+            self._warn_imbalance(
+                split,
+                split_counts,
+                balance if split == "train" else None,  # room: recipes
+            )
         if "val" in counts:
             warn_small_validation(
                 sum(counts["val"].values()),
@@ -109,9 +113,17 @@ class DataCheck(Callback):
             "--data.batch_size, or start from pretrained weights (--model.weights=DEFAULT)."
         )
 
-    def _warn_imbalance(self, split: str, counts: dict[str, int], balance: str | None = None) -> None:
-        """Empty classes, or the largest class > imbalance_ratio x the smallest. `balance`: the train
-        split's --data.balance (None for the other splits)."""
+    def _warn_imbalance(
+        self,
+        split: str,
+        counts: dict[str, int],
+        balance: str | None = None,  # room: recipes
+    ) -> None:
+        """Empty classes, or the largest class > imbalance_ratio x the smallest.
+        # room: recipes begin
+        `balance`: the train split's --data.balance (None for the other splits).
+        # room: recipes end
+        """
         empty = [name for name, n in counts.items() if n == 0]
         if empty:
             more = f" and {len(empty) - 10} more" if len(empty) > 10 else ""
@@ -125,15 +137,18 @@ class DataCheck(Callback):
             f"'{printable(least)}' {counts[least]} ({counts[most] / counts[least]:.0f}x)."
         )
         select = "--checkpoint.monitor=val/balanced_acc keeps the checkpoints that are best on every class"
+        # room: recipes begin
         if balance == "none":
             rank_zero_warn(
                 f"{found} Training will favour the large classes: consider --data.balance=sampler (each "
                 f"class drawn equally often) or --data.balance=loss (class weights in the loss); {select}."
             )
-        elif balance is None:
-            rank_zero_warn(f"{found} val/acc favours the large classes: watch val/balanced_acc; {select}.")
-        else:
+            return
+        if balance is not None:
             rank_zero_info(f"{found} Balanced by --data.balance={balance}.")
+            return
+        # room: recipes end
+        rank_zero_warn(f"{found} val/acc favours the large classes: watch val/balanced_acc; {select}.")
 
     @override
     def on_train_batch_start(
@@ -210,7 +225,10 @@ def check_labels(
     where: str,
     multilabel: bool = False,  # room: multilabel
 ) -> None:
-    """Class indices [N] in [0, num_classes) (or soft targets [N, num_classes]).
+    """Class indices [N] in [0, num_classes).
+    # room: recipes begin
+    Or soft targets [N, num_classes] (MixUp/CutMix).
+    # room: recipes end
     # room: multilabel begin
     Multi-label: 0/1 targets [N, num_classes].
     # room: multilabel end
@@ -225,8 +243,10 @@ def check_labels(
         _check_multi_hot(labels, num_classes, where)
         return
     # room: multilabel end
+    # room: recipes begin
     if labels.is_floating_point():
         return  # soft targets (probabilities per class): cross-entropy takes them as they are
+    # room: recipes end
     if labels.ndim != 1:
         _refuse_shape(labels, num_classes, where)
     bad = labels[(labels < 0) | (labels >= num_classes)]
@@ -304,6 +324,15 @@ def check_inputs(images: torch.Tensor) -> None:
         )
 
 
+def label_values(labels: torch.Tensor) -> str:
+    """What a batch's labels hold, for batch_table: their range."""
+    # room: recipes begin
+    if labels.is_floating_point() and labels.ndim == 2:
+        return "class probabilities (MixUp/CutMix)"
+    # room: recipes end
+    return f"values {int(labels.min())}..{int(labels.max())}"
+
+
 def batch_table(images: torch.Tensor, labels: torch.Tensor, num_classes: int | None) -> str:
     """The first batch as a few lines: shapes, dtypes, per-channel min/max/mean, label range."""
     x = images.detach().float()
@@ -313,11 +342,7 @@ def batch_table(images: torch.Tensor, labels: torch.Tensor, num_classes: int | N
         "Data check: first training batch",
         f"  images {list(images.shape)} {images.dtype} on {images.device}",
         f"  labels {list(labels.shape)} {labels.dtype}, "
-        + (
-            "class probabilities (MixUp/CutMix)"
-            if labels.is_floating_point() and labels.ndim == 2
-            else f"values {int(labels.min())}..{int(labels.max())}"
-        )
+        + label_values(labels)
         + (f" (num_classes {num_classes})" if num_classes is not None else ""),
         f"  {'channel':>9} {'min':>8} {'max':>8} {'mean':>8}",
     ]

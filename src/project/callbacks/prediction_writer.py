@@ -11,9 +11,12 @@ checkpoint's export through `project.deploy.calibration`, exactly as `infer` and
 # room: unknown begin
 
 class_name is `unknown` below the export's unknown threshold, and `reason` says why. The unknown score
-is that of the image as the export sees it: with test-time augmentation, of its plain view (the
-network's first run on each batch, its logits and features taken by hooks), so that predict and the
-export give every image the same verdict.
+is that of the image as the export sees it, its plain view (the network's first run on each batch,
+its logits and features taken by hooks), so that predict and the export give every image the same
+verdict.
+# room: recipes begin
+With test-time augmentation too: its views run after the plain one.
+# room: recipes end
 # room: unknown end
 """
 
@@ -115,6 +118,7 @@ class PredictionWriter(BasePredictionWriter):
         self._target = self.output or new_csv(Path(trainer.log_dir or "."))
         self._positions, self._probabilities, self._classes = [], [], []
         self._known, self._scores = [], []  # room: unknown
+        # room: recipes begin
         tta = getattr(pl_module, "tta", "none")
         if tta != "none" and trainer.is_global_zero:
             print(
@@ -124,6 +128,7 @@ class PredictionWriter(BasePredictionWriter):
                 + " (the `unknown` verdict is the plain image's, as theirs)"  # room: unknown
                 + ". --model.tta=none predicts as they do."
             )
+        # room: recipes end
         self.calibration = self._calibration(trainer, pl_module)
         # room: unknown begin
         net = getattr(pl_module, "net", None)  # a classifier of this project: take its plain view's outputs
@@ -428,7 +433,10 @@ def new_csv(folder: Path) -> Path:
 # room: unknown begin
 class FirstView:
     """The logits and penultimate features (numpy) of the network's first run on each batch: the plain
-    image, which the export's unknown score is fitted on (test-time augmentation runs its views after).
+    image, which the export's unknown score is fitted on.
+    # room: recipes begin
+    Test-time augmentation runs its views after.
+    # room: recipes end
 
     Args:
         net: The classifier's network.

@@ -46,11 +46,16 @@ class TrainingImages(Callback):
             return
         self._pending = False
         images, labels = batch[0][: self.count], batch[1][: self.count]
-        soft = labels.is_floating_point()  # MixUp/CutMix: caption the dominant class and its share
-        shares, top = labels.max(dim=1) if soft else (None, labels)
-        names = label_names(pl_module, int(top.max()) + 1)
-        captions = [names[y] for y in top.tolist()]
+        # room: recipes begin
+        shares = None
+        if labels.is_floating_point():  # MixUp/CutMix: caption the dominant class and its share
+            shares, labels = labels.max(dim=1)
+        # room: recipes end
+        names = label_names(pl_module, int(labels.max()) + 1)
+        captions = [names[y] for y in labels.tolist()]
+        # room: recipes begin
         if shares is not None:
             captions = [f"{c} {s:.0%}" for c, s in zip(captions, shares.tolist(), strict=True)]
+        # room: recipes end
         title = f"training batch after augmentation ({images.shape[-1]} px, epoch {trainer.current_epoch})"
         add_image(trainer, "train/images", captioned_grid(images, captions, title=title))

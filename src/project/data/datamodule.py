@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-import numpy as np
+import numpy as np  # room: recipes
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 
@@ -22,7 +22,7 @@ from torch.utils.data import (
     Dataset,
     IterableDataset,
     Sampler,
-    WeightedRandomSampler,
+    WeightedRandomSampler,  # room: recipes
     default_collate,
 )
 from typing_extensions import override
@@ -53,7 +53,7 @@ from project.data.source import DataSource, FileSource, format_module, streamed_
 from project.data.transforms import (
     MODES,
     AutoAugment,
-    BatchMix,
+    BatchMix,  # room: recipes
     Interpolation,
     eval_transform,
     train_transform,
@@ -71,7 +71,7 @@ DEFAULT_INTERPOLATION = "bilinear"  # torchvision's weights'; and every run's be
 EMBEDDED_MULTILABEL_CSV = Path("data") / "multishapes" / "labels.csv"
 # room: multilabel end
 
-Balance = Literal["none", "sampler", "loss"]
+Balance = Literal["none", "sampler", "loss"]  # room: recipes
 
 
 # Loader workers per usable CPU core at most: beyond a few per core they only queue for the cores, and
@@ -119,6 +119,7 @@ def check_data_options(
         positive_int("data.prefetch_factor", prefetch_factor)
 
 
+# room: recipes begin
 def check_recipe_options(mixup_alpha: float, cutmix_alpha: float) -> None:
     """MixUp/CutMix alphas are >= 0."""
     for key, alpha in (("data.mixup_alpha", mixup_alpha), ("data.cutmix_alpha", cutmix_alpha)):
@@ -130,7 +131,9 @@ def check_recipe_options(mixup_alpha: float, cutmix_alpha: float) -> None:
         )
 
 
+# room: recipes end
 # room: multilabel begin
+# room: recipes begin
 def check_label_options(
     mixup_alpha: float, cutmix_alpha: float, balance: str, labels_csv: str | None
 ) -> None:
@@ -147,6 +150,7 @@ def check_label_options(
         )
 
 
+# room: recipes end
 # room: multilabel end
 
 
@@ -166,9 +170,9 @@ class ImageDataModule(L.LightningDataModule):
         ratio: tuple[float, float] = (0.9, 1.11),
         hflip: bool = True,
         auto_augment: AutoAugment = "none",
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
-        balance: Balance = "none",
+        mixup_alpha: float = 0.0,  # room: recipes
+        cutmix_alpha: float = 0.0,  # room: recipes
+        balance: Balance = "none",  # room: recipes
         batch_size: int = 32,
         num_workers: int | None = None,
         prefetch_factor: int | None = None,
@@ -202,6 +206,7 @@ class ImageDataModule(L.LightningDataModule):
             ratio: RandomResizedCrop aspect-ratio range for training.
             hflip: Random horizontal flips for training.
             auto_augment: Extra training augmentation: none, trivialaugment or randaugment.
+            # room: recipes begin
             mixup_alpha: MixUp training batches (blend pairs of images and their labels) with a weight
                 drawn from Beta(alpha, alpha); 0 is off, 0.2 to 1.0 are usual. Multiclass only.
             cutmix_alpha: CutMix training batches (paste a patch of one image into another, labels in
@@ -210,6 +215,7 @@ class ImageDataModule(L.LightningDataModule):
             balance: Class imbalance: none; sampler (draw training images with replacement, each class
                 equally often); or loss (weigh each class's cross-entropy by the inverse of its share of
                 the training split). Multiclass only.
+            # room: recipes end
             batch_size: Images per batch, per device.
             num_workers: DataLoader worker processes; null means one per CPU core (at most 8).
             prefetch_factor: Batches each worker keeps ready ahead of the training step; null means
@@ -245,8 +251,8 @@ class ImageDataModule(L.LightningDataModule):
         crop_ratio = DEFAULT_CROP_RATIO if crop_ratio is None else crop_ratio
         interpolation = DEFAULT_INTERPOLATION if interpolation is None else interpolation
         require(interpolation in MODES, "data.interpolation", interpolation, "bilinear or bicubic")
-        check_recipe_options(mixup_alpha, cutmix_alpha)
-        check_label_options(mixup_alpha, cutmix_alpha, balance, labels_csv)  # room: multilabel
+        check_recipe_options(mixup_alpha, cutmix_alpha)  # room: recipes
+        check_label_options(mixup_alpha, cutmix_alpha, balance, labels_csv)  # room: multilabel, recipes
         check_data_options(
             val_split, image_size, crop_ratio, scale, ratio, batch_size, num_workers, prefetch_factor
         )
@@ -269,7 +275,10 @@ class ImageDataModule(L.LightningDataModule):
         # room: multilabel end
         self._streamed_root = str(root) if self._streamed is not None else None
         if self._streamed is not None:
-            format_module(self._streamed).check_options(cache, balance)
+            format_module(self._streamed).check_options(
+                cache,
+                balance,  # room: recipes
+            )
         self.val_split = val_split
         self.split_seed = split_seed
         self.expected_num_classes = num_classes
@@ -297,10 +306,12 @@ class ImageDataModule(L.LightningDataModule):
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
         require(cache in (True, False, "auto"), "data.cache", cache, "true, false or auto")
         self.cache = cache
+        # room: recipes begin
         self.mixup_alpha = mixup_alpha
         self.cutmix_alpha = cutmix_alpha
         self.balance = balance
         self.batch_mix: BatchMix | None = None  # made at setup, when the number of classes is known
+        # room: recipes end
         self.decoded: dict[str, DecodedImages] = {}  # by split, kept across stages of one process
         self.datasets: dict[str, Dataset] = {}
         self.skip_log: SkipLog | None = None
@@ -410,6 +421,7 @@ class ImageDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    # room: recipes begin
     @property
     def class_weights(self) -> list[float] | None:
         """With balance=loss, each class's weight in the loss: total / (classes x its training images),
@@ -420,6 +432,7 @@ class ImageDataModule(L.LightningDataModule):
         counts = np.maximum(np.array([train[name] for name in self.class_names]), 1)
         return (counts.sum() / (len(counts) * counts)).tolist()
 
+    # room: recipes end
     # ---- Lightning hooks ----
 
     @override
@@ -430,8 +443,10 @@ class ImageDataModule(L.LightningDataModule):
             self._setup_streamed(stage)
             return
         if stage == "fit":
+            # room: recipes begin
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 self.batch_mix = BatchMix(self.mixup_alpha, self.cutmix_alpha, self.num_classes)
+            # room: recipes end
             cache = self._decide_cache() if self.cache == "auto" else self.cache
             self.datasets["train"] = self._train_dataset(cache)
             self.datasets["val"] = self._labelled("val", self.eval_transform, cache)
@@ -459,8 +474,10 @@ class ImageDataModule(L.LightningDataModule):
             return source.dataset(name, transform, shuffle, self.split_seed, self.skip_bad_images)
 
         if stage == "fit":
+            # room: recipes begin
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 self.batch_mix = BatchMix(self.mixup_alpha, self.cutmix_alpha, self.num_classes)
+            # room: recipes end
             self.datasets["train"] = split("train", self.train_transform, shuffle=True)
             self.datasets["val"] = split("val", self.eval_transform)
         elif stage == "validate":
@@ -586,6 +603,7 @@ class ImageDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.datasets["predict"])
 
+    # room: recipes begin
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """MixUp/CutMix training batches on the device (evaluation and prediction see real images)."""
@@ -605,6 +623,7 @@ class ImageDataModule(L.LightningDataModule):
         weights = torch.as_tensor(1.0 / counts[labels], dtype=torch.double)
         return WeightedRandomSampler(weights, num_samples=len(dataset), replacement=True)
 
+    # room: recipes end
     def _loader(self, dataset: Dataset, train: bool = False) -> DataLoader:
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         if isinstance(dataset, IterableDataset):  # a streamed format's (predict reads files)
@@ -619,7 +638,11 @@ class ImageDataModule(L.LightningDataModule):
                 collate_fn=self._collate(dataset),
                 worker_init_fn=worker_init,
             )
-        sampler = self._balanced_sampler(dataset) if train and self.balance == "sampler" else None
+        sampler: Sampler | None = None  # training: shuffled
+        # room: recipes begin
+        if train and self.balance == "sampler":
+            sampler = self._balanced_sampler(dataset)
+        # room: recipes end
         if (
             not train
             and self.trainer is not None

@@ -99,18 +99,23 @@ def holds(root: str | Path) -> bool:
     return has_index(root)
 
 
-def check_options(cache: bool | str, balance: str) -> None:
+def check_options(
+    cache: bool | str,
+    balance: str,  # room: recipes
+) -> None:
     """Options that need the whole split in this process's hands: not for streamed shards."""
     if cache is True:
         raise UserError(
             "--data.cache=true: shards are streamed, not decoded into memory up front.",
             "remove --data.cache (LitData keeps the chunks it reads on local disk).",
         )
+    # room: recipes begin
     if balance == "sampler":
         raise UserError(
             "--data.balance=sampler draws images by index, which streamed shards do not allow.",
             "use --data.balance=loss (class weights from the counts in the shard index).",
         )
+    # room: recipes end
 
 
 def source(root: str | Path) -> Any:

@@ -23,7 +23,10 @@ it is:
     source.image_sizes(split, n)  (width, height) of up to n samples, from their headers
 
 Training and evaluation data sets and loaders are the data module's for files (caching, batched
-augmentation, the balanced sampler) and a streamed source's own (`dataset`, `loader`).
+augmentation) and a streamed source's own (`dataset`, `loader`).
+# room: recipes begin
+The balanced sampler is the data module's, for files only.
+# room: recipes end
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ from project.data.index import Splits
 # --data.root is its own. A format module gives:
 #   KIND: what its data is called in messages ("shards")
 #   holds(root) -> bool: whether root (a folder or a URL) is in this format, without its packages
-#   check_options(cache, balance): a UserError for a data option its streaming cannot honour
+#   check_options(...): a UserError for a data option its streaming cannot honour, given
+#     cache: --data.cache
+#     balance: --data.balance  # room: recipes
 #   source(root) -> StreamedSource (its packages imported then, or one line saying which extra)
 STREAMED = (
     # room: shards begin

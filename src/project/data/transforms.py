@@ -51,6 +51,7 @@ def eval_transform(
     return v2.Compose([resize, v2.CenterCrop(image_size)])
 
 
+# room: recipes begin
 class BatchMix(torch.nn.Module):
     """MixUp and/or CutMix of a training batch (one of the two, at random, per batch when both are on).
 
@@ -77,3 +78,6 @@ class BatchMix(torch.nn.Module):
     def forward(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mixed, targets = self.mix(images.float(), labels)
         return mixed.round_().clamp_(0, 255).to(images.dtype), targets
+
+
+# room: recipes end

@@ -88,11 +88,13 @@ class Checkpoint:
     def size(self) -> int:
         return self.model.image_size or 224
 
+    # room: recipes begin
     @property
     def tta(self) -> str:
         """The test-time augmentation its run validated with, and so scored its checkpoints with."""
         return str(self.contents.get("hyper_parameters", {}).get("tta", "none"))
 
+    # room: recipes end
     @property
     def crop_ratio(self) -> float:
         return self.contents.get("datamodule_hyper_parameters", {}).get("crop_ratio", 0.875)
@@ -200,20 +202,24 @@ def read(ckpt_path: str | Path) -> Checkpoint:
 
 def export_metrics(checkpoint: Checkpoint, model: nn.Module, datamodule: object) -> dict:
     """The sidecar's `metrics`, its first key the figure the file name states: the checkpoint's score.
+    # room: recipes begin
 
     A run with test-time augmentation scored its checkpoints with it, which exports leave out: then the
     first key is the export's own validation accuracy (left out without validation images), and the
     checkpoint's score follows as `<metric>_with_tta_<tta>`.
+    # room: recipes end
     """
     monitor, score = checkpoint.monitored()
     steps = {"epoch": checkpoint.contents.get("epoch"), "global_step": checkpoint.contents.get("global_step")}
-    tta = checkpoint.tta
-    if tta == "none":
-        return {monitor: score, **steps}
-    own = export_accuracy(checkpoint, model, datamodule)
-    return {**own, f"{monitor}_with_tta_{tta}": score, **steps}
+    # room: recipes begin
+    if checkpoint.tta != "none":
+        own = export_accuracy(checkpoint, model, datamodule)
+        return {**own, f"{monitor}_with_tta_{checkpoint.tta}": score, **steps}
+    # room: recipes end
+    return {monitor: score, **steps}
 
 
+# room: recipes begin
 def export_accuracy(checkpoint: Checkpoint, model: nn.Module, datamodule: object) -> dict:
     """{"val/acc": top-1 accuracy of `model` on the validation images, "val/acc_images": how many}, or {}."""
     from project.export.fit_calibration import collect_logits, validation_loader
@@ -234,6 +240,7 @@ def export_accuracy(checkpoint: Checkpoint, model: nn.Module, datamodule: object
     return {"val/acc": float((logits.argmax(1) == labels).double().mean()), "val/acc_images": len(labels)}
 
 
+# room: recipes end
 def final_paths(
     checkpoint: Checkpoint,
     output_dir: str | Path | None,
@@ -245,8 +252,10 @@ def final_paths(
     suffix: `<run>-<metric>=<score>-<time>.<suffix>`, the first of `metrics` (export_metrics) when it is
     the export's own."""
     monitor, score = next(iter(metrics.items()))
+    # room: recipes begin
     if "_with_tta_" in monitor:
         score = None  # the checkpoint's score with TTA, which the export does not have: no figure in the name
+    # room: recipes end
     stamp = time.strftime("%Y%m%d-%H%M%S")
     metric = f"-{monitor.replace('/', '_')}={score:.4f}" if score is not None else ""
     out = Path(output_dir) if output_dir is not None else checkpoint.path.parent
