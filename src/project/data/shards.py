@@ -99,13 +99,18 @@ def holds(root: str | Path) -> bool:
     return has_index(root)
 
 
-def check_options(cache: bool | str, balance: str) -> None:
+def check_options(
+    balance: str,
+    cache: bool | str = False,  # room: cache
+) -> None:
     """Options that need the whole split in this process's hands: not for streamed shards."""
+    # room: cache begin
     if cache is True:
         raise UserError(
             "--data.cache=true: shards are streamed, not decoded into memory up front.",
             "remove --data.cache (LitData keeps the chunks it reads on local disk).",
         )
+    # room: cache end
     if balance == "sampler":
         raise UserError(
             "--data.balance=sampler draws images by index, which streamed shards do not allow.",
