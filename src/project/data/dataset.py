@@ -22,7 +22,8 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 class ImageDataset(Dataset):
     """(uint8 image, label) pairs; a bad file raises, or yields None when `skip_bad_images` is set.
 
-    With `cache`, images come from the decoded buffer instead of the files (same transforms after).
+    With `cache` (images decoded into memory beforehand), images come from that buffer instead of the
+    files (same transforms after).
     `reads` (set by the data module's loader): where each worker notes the file it opens.
     """
 
@@ -47,7 +48,7 @@ class ImageDataset(Dataset):
         return len(self.index)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int | torch.Tensor] | None:
-        # from the cache: decoded once at setup, where a bad file was reported
+        # from memory: decoded once beforehand, where a bad file was reported
         image = self.cache.image(i) if self.cache is not None else _load(self.index.path(i), self)
         if image is None:
             return None

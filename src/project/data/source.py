@@ -51,7 +51,8 @@ from project.data.index import Splits
 # --data.root is its own. A format module gives:
 #   KIND: what its data is called in messages ("shards")
 #   holds(root) -> bool: whether root (a folder or a URL) is in this format, without its packages
-#   check_options(balance, cache=...): a UserError for a data option its streaming cannot honour
+#   check_options(balance): a UserError for a data option its streaming cannot honour
+#     (and its keyword `cache`: --data.cache)  # room: cache
 #   source(root) -> StreamedSource (its packages imported then, or one line saying which extra)
 STREAMED = (
     # room: shards begin
