@@ -449,10 +449,10 @@ class ImageDataModule(L.LightningDataModule):
             # room: cache begin
             cache = self._decide_cache() if self.cache == "auto" else self.cache
             self._decode("train", cache)
-            self._decode("val", cache)
             # room: cache end
             self.datasets["train"] = self._labelled("train", self.train_transform)
             self.datasets["train"] = self._batch_augmented(self.datasets["train"])  # room: cache
+            self._decode("val", cache)  # room: cache
             self.datasets["val"] = self._labelled("val", self.eval_transform)
         elif stage == "validate":
             self._decode("val", self.cache is True)  # room: cache
