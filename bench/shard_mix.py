@@ -53,7 +53,13 @@ def in_class_order(source: Path, out: Path) -> None:
 
 
 def module(root: Path, batch_size: int) -> ImageDataModule:
-    return ImageDataModule(root=str(root), image_size=32, batch_size=batch_size, num_workers=2, cache=False)
+    return ImageDataModule(
+        root=str(root),
+        image_size=32,
+        batch_size=batch_size,
+        num_workers=2,
+        cache=False,  # room: cache
+    )
 
 
 def class_mix(root: Path, batch_size: int) -> tuple[float, float]:

@@ -7,9 +7,10 @@
 The folder is split with --data.val_split=0.1 (9,000 training images) and written by `optimize` to a
 temporary folder and, through `python -m moto.server` started on 127.0.0.1, to a bucket; `optimize`'s
 throughput is reported for both. Each loader is the data module's training loader (image_size 32,
-RandomResizedCrop and flips, batch 128, uncached: --data.cache=false) iterated for --epochs epochs;
-the first epoch from the bucket downloads the chunks into a fresh LITDATA_CACHE_DIR, later ones read
-that cache. The machine's load average is printed with the figures: on a shared machine they move.
+RandomResizedCrop and flips, batch 128) iterated for --epochs epochs; the first epoch from the
+bucket downloads the chunks into a fresh LITDATA_CACHE_DIR, later ones read that cache.
+The image folder's loader decodes its files every epoch (--data.cache=false).  # room: cache
+The machine's load average is printed with the figures: on a shared machine they move.
 
 --upscale=S first writes --per_class images of each class of --root, resized to SxS (bicubic, JPEG
 quality 90), to a temporary folder and measures that instead, with image_size S: the photo-sized case
@@ -30,7 +31,11 @@ from pathlib import Path
 from project.data.datamodule import ImageDataModule
 from project.optimize import main as optimize
 
-DATA = {"batch_size": 128, "cache": False, "split_seed": 0}
+DATA = {
+    "batch_size": 128,
+    "cache": False,  # room: cache
+    "split_seed": 0,
+}
 
 
 def free_port() -> int:

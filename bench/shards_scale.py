@@ -93,7 +93,13 @@ def measure(root: str, batches: int, workers: int) -> dict[str, object]:
     """In this process: first-batch latency and worker peak RSS of the training loader."""
     from project.data.datamodule import ImageDataModule
 
-    dm = ImageDataModule(root=root, num_workers=workers, image_size=8, batch_size=128, cache=False)
+    dm = ImageDataModule(
+        root=root,
+        num_workers=workers,
+        image_size=8,
+        batch_size=128,
+        cache=False,  # room: cache
+    )
     dm.setup("fit")
     started = time.perf_counter()
     iterator = iter(dm.train_dataloader())

@@ -9,9 +9,9 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from project.data.batch_augment import BatchAugment, apply, resize, resize_weights
+from project.data.batch_augment import BatchAugment, CachedBatches, apply, resize, resize_weights
 from project.data.datamodule import ImageDataModule
-from project.data.dataset import CachedBatches, ImageDataset
+from project.data.dataset import ImageDataset
 from project.data.transforms import MODES, train_transform
 from tests.helpers import write_image
 

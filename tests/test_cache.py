@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from project.data.batch_augment import CachedBatches
 from project.data.cache import auto_cache, decode_all
 from project.data.datamodule import ImageDataModule
-from project.data.dataset import CachedBatches
 from project.data.folders import scan_folder
 from project.errors import UserError
 from tests.helpers import write_image

@@ -56,6 +56,7 @@ def test_ddp_fit_writes_one_run_from_rank_zero(ddp_run: Path) -> None:
     assert (checkpoint["epoch"], checkpoint["global_step"]) == (0, 1)
 
 
+# room: cache begin
 @pytest.mark.slow
 def test_auto_cache_is_decided_once_for_every_process(ddp_run: Path) -> None:
     """Rank 0 decides (for 2 copies on this machine) and says so once; both ranks then read the cache."""
@@ -65,6 +66,7 @@ def test_auto_cache_is_decided_once_for_every_process(ddp_run: Path) -> None:
     assert out.count("Cached 48 train images") == 2 and out.count("Cached 23 val images") == 2
 
 
+# room: cache end
 @pytest.mark.slow
 def test_validation_counts_each_image_once(ddp_run: Path, odd_root: Path) -> None:
     checkpoint = str(ddp_run / "checkpoints" / "ddp" / "last.ckpt")

@@ -72,7 +72,7 @@ def test_balance_loss_weighs_classes_by_the_counts_in_the_index(
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        ({"cache": True}, "--data.cache=true: shards are streamed"),
+        ({"cache": True}, "--data.cache=true: shards are streamed"),  # room: cache
         ({"balance": "sampler"}, "balance=sampler"),  # room: recipes
     ],
 )

@@ -48,7 +48,12 @@ def colour_shards(colours: Path) -> Path:
 
 def data(root: Path, batch_size: int = 16) -> ImageDataModule:
     return ImageDataModule(
-        root=str(root), image_size=16, batch_size=batch_size, num_workers=0, cache=False, scale=(0.7, 1.0)
+        root=str(root),
+        image_size=16,
+        batch_size=batch_size,
+        num_workers=0,
+        cache=False,  # room: cache
+        scale=(0.7, 1.0),
     )
 
 

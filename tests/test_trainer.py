@@ -107,7 +107,12 @@ def test_a_loader_worker_stuck_on_a_file_is_named_after_the_timeout(
         return real(path)
 
     monkeypatch.setattr(dataset, "load_rgb", hangs_on_one_file)  # forked loader workers inherit it
-    args = fast_args(shapes_root, "--data.num_workers=2", "--data.loader_timeout=3", "--data.cache=false")
+    args = fast_args(
+        shapes_root,
+        "--data.num_workers=2",
+        "--data.loader_timeout=3",
+        "--data.cache=false",  # room: cache
+    )
     started = time.monotonic()
     assert run_cli("fit", *args) == 2
     assert time.monotonic() - started < 60

@@ -270,6 +270,19 @@ ROOMS = {
         commands=("optimize",),
     ),
     # room: shards end
+    # room: cache begin
+    "cache": Room(
+        "`--data.cache`: small images decoded once into memory, and augmented a batch at a time there",
+        files=(
+            "src/project/data/cache.py",
+            "src/project/data/batch_augment.py",
+            "tests/test_cache.py",
+            "tests/test_batch_augment.py",
+            "bench/cache_epoch.py",
+            "bench/calibration_pass.py",
+        ),
+    ),
+    # room: cache end
     # room: unknown begin
     "unknown": Room(
         "the `unknown` answer for foreign images: a score (knn, energy, max_probability) and its threshold",

@@ -25,7 +25,9 @@ from project.errors import UserError
 def batch_view(datamodule: ImageDataModule, count: int = 12, seed: int = 0) -> np.ndarray:
     """uint8 RGB [H, W, 3]: `count` augmented training images (drawn at random with `seed`) on the left,
     `count` validation images (evenly spaced) on the right, each captioned with its label."""
+    # room: cache begin
     datamodule.cache = False  # a look at a few images: no decoding of the whole set into memory
+    # room: cache end
     datamodule.setup("fit")
     names = datamodule.class_names
     generator = torch.Generator().manual_seed(seed)

@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from project.audit.stop import raise_if_stopped
-from project.data.cache import DecodedImages
 from project.data.decode import BadImageError, decode_rgb, read_file
+from project.data.decoded import DecodedImages
 from project.data.index import ImageIndex
 
 HASH_SIDE = 32  # pHash: grayscale 32x32, the 8x8 lowest DCT frequencies

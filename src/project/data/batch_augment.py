@@ -32,11 +32,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch.nn.functional import conv2d, grid_sample
+from torch.utils.data import Dataset
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from project.data.decoded import DecodedImages
+from project.data.index import ImageIndex
 from project.data.transforms import AutoAugment, Interpolation
 
 MAGNITUDE_BINS = 31  # torchvision's default for both TrivialAugmentWide and RandAugment
@@ -286,3 +290,59 @@ def _affine(name: str, images: torch.Tensor, magnitude: torch.Tensor) -> torch.T
     grid = base.view(1, height * width, 3).expand(n, -1, -1).bmm(scaled).view(n, height, width, 2)
     out = grid_sample(images.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
     return out.round_().to(torch.uint8)
+
+
+class CachedBatches(Dataset):
+    """Training batches of a cached split whose images share one shape, augmented a batch at a time.
+
+    The DataLoader hands each worker a batch's indices (`__getitems__`): the images are gathered
+    from the decoded buffer with one index and `augment` runs once on the uint8 batch, instead of
+    one transform call per image (`BatchAugment`). Files that failed to decode (skipped at
+    setup) are left out of their batch. Use with `collate_fn=whole_batch`.
+    """
+
+    def __init__(self, index: ImageIndex, cache: DecodedImages, augment: BatchAugment) -> None:
+        shape = uniform_shape(cache)
+        if shape is None:
+            raise ValueError("CachedBatches needs decoded images of one shape (uniform_shape)")
+        self.index = index
+        self.augment = augment
+        self.frames = cache.buffer.view(-1, *shape)
+        # bad files take no bytes, so a good image's offset / its size is its frame; bad ones: -1
+        good = cache.shapes[:, 0] > 0
+        self.frame = torch.where(good, cache.offsets // shape.numel(), -1)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        frame = self.frame[indices]
+        kept = frame >= 0
+        if not kept.any():
+            return None
+        rows = np.asarray(indices)[kept.numpy()]
+        return self.augment(self.frames[frame[kept]]), torch.from_numpy(self.index.labels[rows])
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int | torch.Tensor] | None:
+        batch = self.__getitems__([i])
+        if batch is None:
+            return None
+        label = batch[1][0]
+        # room: multilabel begin
+        if label.ndim:  # a multi-hot row, as ImageDataset returns it
+            return batch[0][0], label
+        # room: multilabel end
+        return batch[0][0], int(label)  # as ImageDataset returns it
+
+
+def uniform_shape(cache: DecodedImages) -> torch.Size | None:
+    """The one [C, H, W] shape of every decoded image (files that failed aside), or None."""
+    shapes = cache.shapes[cache.shapes[:, 0] > 0]
+    if not len(shapes) or not bool((shapes == shapes[0]).all()):
+        return None
+    return torch.Size(shapes[0].tolist())
+
+
+def whole_batch(batch: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The collate function of `CachedBatches`: its `__getitems__` returns the batch already made."""
+    return batch

@@ -4,10 +4,10 @@ For small-image data sets (CIFAR-sized JPEGs) decoding is a large share of an ep
 `--data.cache=true` each file is decoded once, at setup, and every later epoch reads the buffer.
 `--data.cache=auto` (the default) does so by itself when `fit` finds small images that fit
 comfortably in memory (`auto_cache`: the rule is there).
-The buffer is one flat tensor plus two int64/int32 arrays (offsets, shapes): no per-image Python
-objects, so forked workers share its pages and never copy them. Transforms still run per epoch:
-the per-image ones give exactly the uncached path's samples; a training split of one image size
-is augmented a batch at a time instead (`dataset.CachedBatches`, data/batch_augment.py).
+The buffer is data/decoded.py's `DecodedImages`: forked workers share its pages and never copy them.
+Transforms still run per epoch: the per-image ones give exactly the uncached path's samples; a
+training split of one image size is augmented a batch at a time instead (data/batch_augment.py's
+`CachedBatches`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from project.data.decode import BadImageError, load_rgb
+from project.data.decoded import DecodedImages
 from project.data.index import ImageIndex
 from project.data.skipped import SkipLog
 from project.errors import UserError
@@ -35,29 +36,6 @@ AUTO_MAX_PIXELS = 128 * 128
 # of the available memory (twice that while the buffer is built: still under half).
 AUTO_MEMORY_SHARE = 0.25
 CHUNK = 256  # images per message from a decoding worker
-
-
-@dataclass(frozen=True)
-class DecodedImages:
-    """Image i is `buffer[offsets[i]:][: prod(shapes[i])]` viewed as [C, H, W]; shape (0, 0, 0): bad file."""
-
-    buffer: torch.Tensor  # uint8, flat
-    offsets: torch.Tensor  # int64 [N]
-    shapes: torch.Tensor  # int32 [N, 3]
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def image(self, i: int) -> torch.Tensor | None:
-        c, h, w = self.shapes[i].tolist()
-        if c == 0:
-            return None
-        start = int(self.offsets[i])
-        return self.buffer[start : start + c * h * w].view(c, h, w)  # a view: no copy
-
-    @property
-    def nbytes(self) -> int:
-        return self.buffer.nbytes + self.offsets.nbytes + self.shapes.nbytes
 
 
 class _Decode(Dataset):

@@ -28,16 +28,13 @@ from torch.utils.data import (
 from typing_extensions import override
 
 from project.config_checks import fraction, positive_int, require
-from project.data.batch_augment import BatchAugment
+
+# room: cache begin
+from project.data.batch_augment import BatchAugment, CachedBatches, uniform_shape, whole_batch
 from project.data.cache import AUTO_MAX_PIXELS, DecodedImages, auto_cache, decode_all
-from project.data.dataset import (
-    CachedBatches,
-    FileDataset,
-    ImageDataset,
-    collate_skipping_none,
-    uniform_shape,
-    whole_batch,
-)
+
+# room: cache end
+from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
 from project.data.folders import folder_splits
 from project.data.index import HoldOut, ImageIndex, Splits, hold_out, list_images
 
@@ -183,8 +180,10 @@ class ImageDataModule(L.LightningDataModule):
         labels_csv: str | None = None,
         label_delimiter: str = " ",
         # room: multilabel end
+        # room: cache begin
         cache: bool | Literal["auto"] = "auto",
         batch_augment: bool = True,
+        # room: cache end
     ) -> None:
         """
         Args:
@@ -231,6 +230,7 @@ class ImageDataModule(L.LightningDataModule):
                 data/multishapes/labels.csv, the embedded example, is generated on first use.
             label_delimiter: What separates the labels in the CSV's labels column (" ": any whitespace).
             # room: multilabel end
+            # room: cache begin
             cache: Decode the train and val images once, at setup, into shared memory, and read them
                 from there every epoch: for small images (CIFAR-sized) whose decoding costs as much as
                 the augmentation. true: refused, with the numbers, when it would take over half the
@@ -243,6 +243,7 @@ class ImageDataModule(L.LightningDataModule):
                 each step within one grey level of theirs; several times faster on small images:
                 data/batch_augment.py). false: torchvision's per-image transforms, as for uncached
                 data.
+            # room: cache end
         """
         super().__init__()
         # the command line sets the backbone's own size, crop and filter (cli.py); built directly: the
@@ -276,8 +277,8 @@ class ImageDataModule(L.LightningDataModule):
         self._streamed_root = str(root) if self._streamed is not None else None
         if self._streamed is not None:
             format_module(self._streamed).check_options(
-                cache,
-                balance,  # room: recipes
+                cache=cache,  # room: cache
+                balance=balance,  # room: recipes
             )
         self.val_split = val_split
         self.split_seed = split_seed
@@ -286,11 +287,13 @@ class ImageDataModule(L.LightningDataModule):
         self.crop_ratio = crop_ratio
         self.interpolation = interpolation
         self.train_transform = train_transform(image_size, scale, ratio, hflip, auto_augment, interpolation)
+        # room: cache begin
         self.train_batch_transform = BatchAugment(
             image_size, scale, ratio, hflip, auto_augment, interpolation
         )
         require(batch_augment in (True, False), "data.batch_augment", batch_augment, "true or false")
         self.batch_augment = batch_augment
+        # room: cache end
         self.eval_transform = eval_transform(image_size, crop_ratio, interpolation)
         self.batch_size = batch_size
         self.num_workers = default_num_workers() if num_workers is None else num_workers
@@ -304,15 +307,19 @@ class ImageDataModule(L.LightningDataModule):
         self.loader_timeout = loader_timeout
         self.skip_bad_images = skip_bad_images
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
+        # room: cache begin
         require(cache in (True, False, "auto"), "data.cache", cache, "true, false or auto")
         self.cache = cache
+        # room: cache end
         # room: recipes begin
         self.mixup_alpha = mixup_alpha
         self.cutmix_alpha = cutmix_alpha
         self.balance = balance
         self.batch_mix: BatchMix | None = None  # made at setup, when the number of classes is known
         # room: recipes end
+        # room: cache begin
         self.decoded: dict[str, DecodedImages] = {}  # by split, kept across stages of one process
+        # room: cache end
         self.datasets: dict[str, Dataset] = {}
         self.skip_log: SkipLog | None = None
 
@@ -381,7 +388,11 @@ class ImageDataModule(L.LightningDataModule):
             streamed = format_module(self._streamed).source(self._streamed_root)
             self._check_num_classes(streamed.class_names)
             return streamed
-        return FileSource(self.splits, self._files, self.decoded)
+        return FileSource(
+            self.splits,
+            self._files,
+            self.decoded,  # room: cache
+        )
 
     @property
     def _where(self) -> str:
@@ -447,19 +458,25 @@ class ImageDataModule(L.LightningDataModule):
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 self.batch_mix = BatchMix(self.mixup_alpha, self.cutmix_alpha, self.num_classes)
             # room: recipes end
+            # room: cache begin
             cache = self._decide_cache() if self.cache == "auto" else self.cache
-            self.datasets["train"] = self._train_dataset(cache)
-            self.datasets["val"] = self._labelled("val", self.eval_transform, cache)
+            self._decode("train", cache)
+            # room: cache end
+            self.datasets["train"] = self._labelled("train", self.train_transform)
+            self.datasets["train"] = self._batch_augmented(self.datasets["train"])  # room: cache
+            self._decode("val", cache)  # room: cache
+            self.datasets["val"] = self._labelled("val", self.eval_transform)
         elif stage == "validate":
+            self._decode("val", self.cache is True)  # room: cache
             self.datasets["val"] = self._labelled("val", self.eval_transform)
         elif stage == "test":
             if "test" not in self.splits:
                 warnings.warn(
                     f"'{self.root}' has no test/ folder: testing on the validation split.", stacklevel=2
                 )
-            self.datasets["test"] = self._labelled(
-                "test" if "test" in self.splits else "val", self.eval_transform
-            )
+            split = "test" if "test" in self.splits else "val"
+            self._decode(split, self.cache is True)  # room: cache
+            self.datasets["test"] = self._labelled(split, self.eval_transform)
         elif stage == "predict":
             self.datasets["predict"] = self._predict_dataset()
 
@@ -491,6 +508,7 @@ class ImageDataModule(L.LightningDataModule):
                 "test" if "test" in source.split_names else "val", self.eval_transform
             )
 
+    # room: cache begin
     def _decide_cache(self) -> bool:
         """--data.cache=auto: cache small images that fit comfortably in memory (data/cache.py's rule).
 
@@ -508,13 +526,20 @@ class ImageDataModule(L.LightningDataModule):
             enabled = False
         return bool(trainer.strategy.broadcast(enabled, src=0)) if trainer is not None else enabled
 
-    def _train_dataset(self, cache: bool) -> Dataset:
+    def _decode(self, split: str, cache: bool) -> None:
+        """With `cache`, the split decoded into memory (once per process), where its data set reads it."""
+        self._check_model_classes()
+        if cache and split not in self.decoded:
+            self.decoded[split] = decode_all(
+                self.splits[split], split, self.num_workers, self.skip_bad_images, self.skip_log
+            )
+
+    def _batch_augmented(self, dataset: ImageDataset) -> Dataset:
         """The training split: augmented a batch at a time when cached with one small image size.
 
         Small: at most AUTO_MAX_PIXELS, where it was measured to pay; the resize matrices span the
         whole source image, so on large images the per-image crop (which reads only the crop) wins.
         """
-        dataset = self._labelled("train", self.train_transform, cache)
         decoded = self.decoded.get("train")
         shape = uniform_shape(decoded) if decoded is not None else None
         if self.batch_augment and shape is not None and shape[1] * shape[2] <= AUTO_MAX_PIXELS:
@@ -523,15 +548,17 @@ class ImageDataModule(L.LightningDataModule):
             return CachedBatches(dataset.index, decoded, self.train_batch_transform)
         return dataset
 
-    def _labelled(self, split: str, transform: torch.nn.Module, cache: bool | None = None) -> ImageDataset:
-        """The split's data set; `cache` (default: only --data.cache=true) decodes it into memory first."""
+    # room: cache end
+    def _labelled(self, split: str, transform: torch.nn.Module) -> ImageDataset:
+        """The split's data set."""
         self._check_model_classes()
-        index = self.splits[split]
-        if (self.cache is True if cache is None else cache) and split not in self.decoded:
-            self.decoded[split] = decode_all(
-                index, split, self.num_workers, self.skip_bad_images, self.skip_log
-            )
-        return ImageDataset(index, transform, self.skip_bad_images, self.skip_log, self.decoded.get(split))
+        return ImageDataset(
+            self.splits[split],
+            transform,
+            self.skip_bad_images,
+            self.skip_log,
+            self.decoded.get(split),  # room: cache
+        )
 
     def _check_model_classes(self) -> None:
         """A checkpoint's classes must be the data's classes, in the same order."""
@@ -681,8 +708,10 @@ class ImageDataModule(L.LightningDataModule):
         return found
 
     def _collate(self, dataset: Dataset) -> Any:
+        # room: cache begin
         if isinstance(dataset, CachedBatches):
             return whole_batch
+        # room: cache end
         return collate_skipping_none if self.skip_bad_images else default_collate
 
 

@@ -6,13 +6,11 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from project.data.batch_augment import BatchAugment
-from project.data.cache import DecodedImages
 from project.data.decode import BadImageError, load_rgb
+from project.data.decoded import DecodedImages
 from project.data.index import ImageIndex
 from project.data.skipped import SkipLog
 from project.data.worker_reads import WorkerReads
@@ -24,7 +22,8 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 class ImageDataset(Dataset):
     """(uint8 image, label) pairs; a bad file raises, or yields None when `skip_bad_images` is set.
 
-    With `cache`, images come from the decoded buffer instead of the files (same transforms after).
+    With `cache` (images decoded into memory beforehand), images come from that buffer instead of the
+    files (same transforms after).
     `reads` (set by the data module's loader): where each worker notes the file it opens.
     """
 
@@ -49,7 +48,7 @@ class ImageDataset(Dataset):
         return len(self.index)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int | torch.Tensor] | None:
-        # from the cache: decoded once at setup, where a bad file was reported
+        # from memory: decoded once beforehand, where a bad file was reported
         image = self.cache.image(i) if self.cache is not None else _load(self.index.path(i), self)
         if image is None:
             return None
@@ -59,62 +58,6 @@ class ImageDataset(Dataset):
             return self.transform(image), torch.from_numpy(label.copy())
         # room: multilabel end
         return self.transform(image), int(label)
-
-
-class CachedBatches(Dataset):
-    """Training batches of a cached split whose images share one shape, augmented a batch at a time.
-
-    The DataLoader hands each worker a batch's indices (`__getitems__`): the images are gathered
-    from the decoded buffer with one index and `augment` runs once on the uint8 batch, instead of
-    one transform call per image (data/batch_augment.py). Files that failed to decode (skipped at
-    setup) are left out of their batch. Use with `collate_fn=whole_batch`.
-    """
-
-    def __init__(self, index: ImageIndex, cache: DecodedImages, augment: BatchAugment) -> None:
-        shape = uniform_shape(cache)
-        if shape is None:
-            raise ValueError("CachedBatches needs decoded images of one shape (uniform_shape)")
-        self.index = index
-        self.augment = augment
-        self.frames = cache.buffer.view(-1, *shape)
-        # bad files take no bytes, so a good image's offset / its size is its frame; bad ones: -1
-        good = cache.shapes[:, 0] > 0
-        self.frame = torch.where(good, cache.offsets // shape.numel(), -1)
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        frame = self.frame[indices]
-        kept = frame >= 0
-        if not kept.any():
-            return None
-        rows = np.asarray(indices)[kept.numpy()]
-        return self.augment(self.frames[frame[kept]]), torch.from_numpy(self.index.labels[rows])
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int | torch.Tensor] | None:
-        batch = self.__getitems__([i])
-        if batch is None:
-            return None
-        label = batch[1][0]
-        # room: multilabel begin
-        if label.ndim:  # a multi-hot row, as ImageDataset returns it
-            return batch[0][0], label
-        # room: multilabel end
-        return batch[0][0], int(label)  # as ImageDataset returns it
-
-
-def uniform_shape(cache: DecodedImages) -> torch.Size | None:
-    """The one [C, H, W] shape of every decoded image (files that failed aside), or None."""
-    shapes = cache.shapes[cache.shapes[:, 0] > 0]
-    if not len(shapes) or not bool((shapes == shapes[0]).all()):
-        return None
-    return torch.Size(shapes[0].tolist())
-
-
-def whole_batch(batch: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The collate function of `CachedBatches`: its `__getitems__` returns the batch already made."""
-    return batch
 
 
 class FileDataset(Dataset):

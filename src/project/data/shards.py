@@ -100,15 +100,17 @@ def holds(root: str | Path) -> bool:
 
 
 def check_options(
-    cache: bool | str,
-    balance: str,  # room: recipes
+    cache: bool | str = False,  # room: cache
+    balance: str = "none",  # room: recipes
 ) -> None:
     """Options that need the whole split in this process's hands: not for streamed shards."""
+    # room: cache begin
     if cache is True:
         raise UserError(
             "--data.cache=true: shards are streamed, not decoded into memory up front.",
             "remove --data.cache (LitData keeps the chunks it reads on local disk).",
         )
+    # room: cache end
     # room: recipes begin
     if balance == "sampler":
         raise UserError(

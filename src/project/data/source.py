@@ -22,8 +22,9 @@ it is:
                                   (transformed image, label), None for a skipped bad image
     source.image_sizes(split, n)  (width, height) of up to n samples, from their headers
 
-Training and evaluation data sets and loaders are the data module's for files (caching, batched
-augmentation) and a streamed source's own (`dataset`, `loader`).
+Training and evaluation data sets and loaders are the data module's for files and a streamed
+source's own (`dataset`, `loader`).
+The data module also decodes files into memory, and augments them a batch at a time. # room: cache
 # room: recipes begin
 The balanced sampler is the data module's, for files only.
 # room: recipes end
@@ -32,7 +33,7 @@ The balanced sampler is the data module's, for files only.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -41,16 +42,20 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
-from project.data.cache import DecodedImages
 from project.data.dataset import ImageDataset
+
+# room: cache begin
+from project.data.decoded import DecodedImages
+
+# room: cache end
 from project.data.index import Splits
 
 # The formats whose data is streamed rather than read as image files, each a module asked in turn whether
 # --data.root is its own. A format module gives:
 #   KIND: what its data is called in messages ("shards")
 #   holds(root) -> bool: whether root (a folder or a URL) is in this format, without its packages
-#   check_options(...): a UserError for a data option its streaming cannot honour, given
-#     cache: --data.cache
+#   check_options(...): a UserError for a data option its streaming cannot honour, given by keyword
+#     cache: --data.cache  # room: cache
 #     balance: --data.balance  # room: recipes
 #   source(root) -> StreamedSource (its packages imported then, or one line saying which extra)
 STREAMED = (
@@ -128,17 +133,22 @@ class FileSource:
     Args:
         splits: The format's labelled splits.
         where: The folder or CSV, for messages.
+        # room: cache begin
         decoded: The data module's decoded images by split (--data.cache), read instead of the files.
+        # room: cache end
     """
 
     def __init__(
-        self, splits: Splits, where: str, decoded: Mapping[str, DecodedImages] | None = None
+        self,
+        splits: Splits,
+        where: str,
+        decoded: dict[str, DecodedImages] | None = None,  # room: cache
     ) -> None:
         self.splits = splits
         self.where = where
         self.class_names = tuple(splits["train"].class_names)
         self.split_names = tuple(splits)
-        self.decoded = decoded if decoded is not None else {}
+        self.decoded = decoded if decoded is not None else {}  # room: cache
 
     # room: multilabel begin
     @property
@@ -158,7 +168,12 @@ class FileSource:
 
     def samples(self, split: str, count: int, transform: Callable, skip_bad_images: bool) -> Dataset:
         index = self.splits[split]
-        data = ImageDataset(index, transform, skip_bad_images, cache=self.decoded.get(split))
+        data = ImageDataset(
+            index,
+            transform,
+            skip_bad_images,
+            cache=self.decoded.get(split),  # room: cache
+        )
         return Subset(data, evenly_spaced(len(index), count))
 
     def image_sizes(self, split: str, count: int) -> list[tuple[int, int]]:

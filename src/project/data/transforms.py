@@ -24,9 +24,11 @@ def train_transform(
 ) -> v2.Compose:
     """RandomResizedCrop to `image_size` (resized with `interpolation`), optional flip and
     TrivialAugment/RandAugment, all on uint8.
+    # room: cache begin
 
     Cached training images of one size get the batched equivalent, data/batch_augment.py's
     `BatchAugment`: a change here needs the same change there (or --data.batch_augment=false).
+    # room: cache end
     """
     steps: list[torch.nn.Module] = [
         v2.RandomResizedCrop(

@@ -75,18 +75,23 @@ def split_loader(
 ) -> DataLoader:
     """Up to `count` images of `split`, evenly spaced, preprocessed as `infer` does; ValueError saying why
     there are none.
+    # room: cache begin
 
     Images the data module holds decoded (`--data.cache`) are read from memory, in this process.
+    # room: cache end
     """
     source = data_at_hand(datamodule)  # image files or shards alike
     if source.count(split) == 0:
         raise ValueError(f"'{source.where}' has no {'validation' if split == 'val' else split} images")
-    # decoded at setup by --data.cache (the export at the end of fit): read there, no workers to start
-    decoded = (getattr(datamodule, "decoded", None) or {}).get(split)
     # --data.skip_bad_images holds here as in training: a file that does not decode is left out
     skip = bool(getattr(datamodule, "skip_bad_images", False))
     dataset = source.samples(split, count, eval_transform(size, crop_ratio, interpolation), skip)
-    workers = 0 if decoded is not None else int(getattr(datamodule, "num_workers", 0) or 0)
+    workers = int(getattr(datamodule, "num_workers", 0) or 0)
+    # room: cache begin
+    # decoded at setup by --data.cache (the export at the end of fit): read there, no workers to start
+    if (getattr(datamodule, "decoded", None) or {}).get(split) is not None:
+        workers = 0
+    # room: cache end
     collate = collate_skipping_none if skip else default_collate
     return DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)
 
