@@ -340,7 +340,7 @@ def test_verification_allows_float32s_own_error_and_still_catches_defects(tmp_pa
 
 
 def test_a_top1_tied_within_the_bound_agrees_and_an_unmeasured_error_is_recorded_as_null() -> None:
-    from project.deploy.calibration import Outputs
+    from project.deploy.outputs import Outputs
     from project.export.verify import _agree
 
     expected = Outputs(np.array([[1.0, 1.00001, -3.0], [5.0, 0.0, 1.0]]))

@@ -19,7 +19,7 @@ from project.callbacks.trackers import send_text
 # room: trackers end
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError
-from project.export.fit_calibration import FEW_IMAGES
+from project.export.validation import FEW_IMAGES
 
 # room: multilabel begin
 from project.model import is_multilabel

@@ -18,12 +18,12 @@ import numpy as np
 from PIL import Image
 
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
-from project.deploy.calibration import Outputs
 
 # room: unknown begin
 from project.deploy.feature_bank import descriptors
 
 # room: unknown end
+from project.deploy.outputs import Outputs
 from project.deploy.sidecar import Sidecar
 
 # room: unknown begin

@@ -216,7 +216,7 @@ def export_metrics(checkpoint: Checkpoint, model: nn.Module, datamodule: object)
 
 def export_accuracy(checkpoint: Checkpoint, model: nn.Module, datamodule: object) -> dict:
     """{"val/acc": top-1 accuracy of `model` on the validation images, "val/acc_images": how many}, or {}."""
-    from project.export.fit_calibration import collect_logits, validation_loader
+    from project.export.validation import collect_logits, validation_loader
 
     # room: multilabel begin
     if checkpoint.model.multilabel:

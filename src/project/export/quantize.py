@@ -26,10 +26,10 @@ from project.atomic import atomic_files, atomic_symlink
 from project.data.dataset import collate_skipping_none
 from project.data.source import data_at_hand
 from project.data.transforms import Interpolation, eval_transform
-from project.deploy.calibration import Outputs
 
 # room: unknown begin
 from project.deploy.feature_bank import descriptors
+from project.deploy.outputs import Outputs
 
 # room: unknown end
 from project.deploy.sidecar import Sidecar

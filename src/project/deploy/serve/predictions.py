@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from project.deploy.calibration import Outputs
+from project.deploy.outputs import Outputs
 from project.deploy.serve import bodies
 from project.deploy.serve.models import LoadedModel
 
