@@ -117,7 +117,7 @@ def coloured(colour: tuple[int, int, int], rng: np.random.Generator, size: int =
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, colours_root: Path) -> Path:
-    """A fit with its end-of-fit export (calibrated in the full template); returns the run's checkpoint folder."""
+    """A fit with its end-of-fit export; returns the run's checkpoint folder."""
     work = tmp_path_factory.mktemp("trust-work")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
