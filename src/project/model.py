@@ -472,8 +472,8 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:
             return None
-        # logits: PredictionWriter turns them into answers with the export's calibration
-        # (project.deploy.calibration), as infer and serve do
+        # logits: PredictionWriter turns them into answers, as infer and serve do
+        # (with the export's calibration, project.deploy.calibration)  # room: calibration
         return self._views_logits(batch[0]).float()
 
     def _views_logits(self, images: torch.Tensor) -> torch.Tensor:

@@ -245,7 +245,7 @@ ROOMS = {
     # room: unknown end
     # room: calibration begin
     "calibration": Room(
-        "temperature scaling of exports: a temperature fitted on validation, applied by predict, infer, serve",
+        "temperature scaling: a temperature fitted on validation at export, applied by predict, infer, serve",
         files=(
             "src/project/export/fit_calibration.py",
             "src/project/deploy/calibration.py",

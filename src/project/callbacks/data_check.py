@@ -175,9 +175,10 @@ def warn_small_validation(
     rank_zero_warn(
         f"The validation split has only {images} images: val/acc has a standard error of up to "
         f"{error * 100:.1f} points (0.5 / sqrt({images})), so checkpoints closer than that are ranked by "
-        "chance and the best checkpoint, its export and the calibration fitted on these images rest on "
-        f"noise. Fix: hold out at least {FEW_IMAGES} images (a larger --data.val_split or val/ folder), or "
-        "compare runs by their last epochs rather than by one best value."
+        "chance and the best checkpoint and its export"
+        + " (and the calibration fitted on these images)"  # room: calibration
+        + f" rest on noise. Fix: hold out at least {FEW_IMAGES} images (a larger --data.val_split or val/ "
+        "folder), or compare runs by their last epochs rather than by one best value."
     )
 
 
