@@ -473,7 +473,9 @@ class ImageClassifier(L.LightningModule):
         if batch is None:
             return None
         # logits: PredictionWriter turns them into answers, as infer and serve do
-        # (with the export's calibration, project.deploy.calibration)  # room: calibration
+        # room: calibration begin
+        # (with the export's calibration, project.deploy.calibration)
+        # room: calibration end
         return self._views_logits(batch[0]).float()
 
     def _views_logits(self, images: torch.Tensor) -> torch.Tensor:

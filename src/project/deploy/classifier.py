@@ -3,7 +3,9 @@
 `infer` (files -> CSV) and `serve` (HTTP) both answer through `Classifier`: the same decoding as
 training (`project.data.decode`), the resize and centre crop of validation, and the softmax of the
 logits (`project.deploy.outputs`).
-The softmax is taken at the export's temperature (`project.deploy.calibration`).  # room: calibration
+# room: calibration begin
+The softmax is taken at the export's temperature (`project.deploy.calibration`).
+# room: calibration end
 `open_session` opens an .onnx file with onnxruntime, and another export's file with the runtime
 RUNTIMES names for its suffix. Importing this module imports neither torch nor lightning.
 """

@@ -9,7 +9,9 @@ by training's rule (`project.data.decode`), the resize and centre crop match val
 (torchvision's Resize + CenterCrop), and the model itself normalizes. A file that cannot be
 decoded is named on stderr with its reason, the others are still classified, and the exit status
 is then 1. Probabilities are the softmax of the logits, as `predict` and `serve` give them.
-They are calibrated with the export's temperature by `project.deploy.calibration`.  # room: calibration
+# room: calibration begin
+They are calibrated with the export's temperature by `project.deploy.calibration`.
+# room: calibration end
 Importing this module imports neither torch nor lightning.
 # room: unknown begin
 

@@ -31,7 +31,9 @@ def softmax(
 ) -> np.ndarray:
     """Probabilities [N, C] of logits [N, C] (float64).
 
-    At `temperature`: the logits are divided by it first (`project.deploy.calibration`).  # room: calibration
+    # room: calibration begin
+    At `temperature`: the logits are divided by it first (`project.deploy.calibration`).
+    # room: calibration end
     """
     scaled = np.array(logits, dtype=np.float64)  # a copy: scaled in place below
     scaled /= temperature  # room: calibration

@@ -8,8 +8,10 @@
     openvino_target.py  `--format openvino`: an OpenVINO IR converted from the ONNX file  # room: openvino
     verify.py           the comparison with PyTorch on random and real images, and its bound
     validation.py       the validation images an export measures on, and the model's outputs there
-    fit_calibration.py  the temperature fitted on validation  # room: calibration
-                        (`project.deploy.calibration` applies it, without torch)  # room: calibration
+    # room: calibration begin
+    fit_calibration.py  the temperature fitted on validation
+                        (`project.deploy.calibration` applies it, without torch)
+    # room: calibration end
     fit_unknown.py      the unknown score and threshold, measured on foreign.py's images  # room: unknown
     quantize.py         `--quantize int8`: onnxruntime static quantization, measured  # room: int8
 

@@ -138,8 +138,10 @@ def export_checkpoint(
     """Export `ckpt_path` next to it (or into `output_dir`); verify on random and real images.
 
     `options` are the fields of ExportOptions (checked there).
-    With `datamodule` (its validation images on disk) the sidecar also gets a temperature  # room: calibration
-    (`project.export.fit_calibration`)  # room: calibration
+    # room: calibration begin
+    With `datamodule` (its validation images on disk) the sidecar also gets a temperature
+    (`project.export.fit_calibration`)
+    # room: calibration end
     and an unknown threshold accepting the share `unknown_accept` (0 or None: off)  # room: unknown
     of validation images (`fit_unknown`);  # room: unknown
     `quantize="int8"` also writes `<stem>-int8.onnx` (`quantize.py`);  # room: int8
