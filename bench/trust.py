@@ -155,7 +155,7 @@ def rejection(
 
 # room: unknown end
 def summary(run: Path) -> dict:
-    meta = json.loads((run / "latest.json").read_text())
+    meta = json.loads((run / "latest.json").read_text())  # room: calibration
     result = {
         "temperature": meta["temperature"],  # room: calibration
         "ece_before": meta["ece_before"],  # room: calibration

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-import json
+import json  # room: calibration
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +22,11 @@ from project.callbacks.prediction_writer import (
 )
 from project.csv_cells import original_cell, spreadsheet_cell
 from project.data.dataset import FileDataset, collate_skipping_none
+
+# room: calibration begin
 from project.errors import UserError
+
+# room: calibration end
 from tests.helpers import tiny_trainer
 
 COLOURS = {"red": (230, 20, 20), "green": (20, 230, 20), "blue": (20, 20, 230)}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+import torch  # room: calibration
 from PIL import Image
 
 from project.data.shapes import CLASSES
@@ -41,8 +41,10 @@ from project.export import fit_calibration as calibrate
 
 # room: calibration end
 # room: report begin
+# room: calibration begin
 from project.report import write_reliability
 
+# room: calibration end
 # room: report end
 from tests.helpers import fast_args, run_cli
 

@@ -68,7 +68,10 @@ from project.deploy.sidecar import Sidecar, source_of
 from project.deploy.unknown import UNKNOWN
 
 # room: unknown end
+# room: calibration begin
 from project.errors import UserError
+
+# room: calibration end
 from project.model import (
     is_multilabel,  # room: multilabel
     label_names,

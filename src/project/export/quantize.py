@@ -30,9 +30,9 @@ from project.data.transforms import Interpolation, eval_transform
 
 # room: unknown begin
 from project.deploy.feature_bank import descriptors
-from project.deploy.outputs import Outputs
 
 # room: unknown end
+from project.deploy.outputs import Outputs
 from project.deploy.sidecar import Sidecar
 
 # room: unknown begin
