@@ -24,7 +24,10 @@ import numpy as np
 from project.deploy.feature_bank import FeatureBank
 
 # room: unknown end
-from project.deploy.outputs import Outputs, softmax
+from project.deploy.outputs import (
+    Outputs,  # room: unknown
+    softmax,
+)
 
 # room: unknown begin
 from project.deploy.unknown import FEATURE_SCORES, score, threshold_for
