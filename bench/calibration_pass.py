@@ -29,8 +29,8 @@ from project.data.datamodule import ImageDataModule
 from project.data.dataset import ImageDataset
 from project.data.transforms import eval_transform
 from project.export.deployable import Deployable, dynamic_batch, example_batch
-from project.export.fit_calibration import collect_logits, validation_loader
 from project.export.onnx_target import write_torch_export
+from project.export.validation import collect_logits, validation_loader
 from project.model import ImageClassifier
 
 

@@ -1,4 +1,4 @@
-"""The calibration of exports, measured on real models and real images.
+"""Exports measured on real models and real images: their probabilities, answers and speed.
 
     python bench/trust.py --cifar /tmp/cifar10 [--parts shapes cifar] [--work DIR]
 
@@ -9,7 +9,7 @@ Models, each trained here with `python -m project fit` and exported with `python
 - resnet224 (also a part): resnet18 trained 3 epochs at 64 px on the shapes, then fine-tuned  # room: int8
   2 epochs at 224 px on shapes drawn at 224 px (int8 speed and agreement at that size).  # room: int8
 
-For each: the ECE before/after the temperature (from the sidecar).
+For each: the ECE before/after the temperature (from the sidecar).  # room: calibration
 # room: unknown begin
 For shapes and cifar the unknown rejection too: the threshold chosen on the validation split (95%
 accepted) for each score, then the share of *new* in-distribution images accepted and of images of
@@ -155,12 +155,12 @@ def rejection(
 
 # room: unknown end
 def summary(run: Path) -> dict:
-    meta = json.loads((run / "latest.json").read_text())
+    meta = json.loads((run / "latest.json").read_text())  # room: calibration
     result = {
-        "temperature": meta["temperature"],
-        "ece_before": meta["ece_before"],
-        "ece_after": meta["ece_after"],
-        "validation_images": meta.get("calibration_images"),
+        "temperature": meta["temperature"],  # room: calibration
+        "ece_before": meta["ece_before"],  # room: calibration
+        "ece_after": meta["ece_after"],  # room: calibration
+        "validation_images": meta.get("calibration_images"),  # room: calibration
     }
     # room: int8 begin
     int8 = json.loads((run / "latest-int8.json").read_text())

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from project.deploy import calibration, unknown
+from project.deploy import unknown
 from project.deploy.classifier import Classifier
+from project.deploy.outputs import Outputs
 
 SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 
@@ -35,7 +36,7 @@ def images(root: Path, count: int) -> list[Path]:
     return [files[i] for i in np.linspace(0, len(files) - 1, count).round().astype(int)]
 
 
-def outputs(classifier: Classifier, paths: list[Path]) -> calibration.Outputs:
+def outputs(classifier: Classifier, paths: list[Path]) -> Outputs:
     """Logits and features of every image, preprocessed as infer does."""
     logits, features = [], []
     for start in range(0, len(paths), 64):
@@ -43,9 +44,7 @@ def outputs(classifier: Classifier, paths: list[Path]) -> calibration.Outputs:
         out = classifier.run(batch, features="features" in classifier.outputs)
         logits.append(out.logits)
         features.append(out.features)
-    return calibration.Outputs(
-        np.concatenate(logits), None if features[0] is None else np.concatenate(features)
-    )
+    return Outputs(np.concatenate(logits), None if features[0] is None else np.concatenate(features))
 
 
 def main() -> None:

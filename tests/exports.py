@@ -77,7 +77,9 @@ def point_latest(folder: Path, stem: str) -> None:
 def with_unknown_keys(
     export: Path, lowest: float, highest: float, class_names: list[str] | None = None
 ) -> None:
-    """Give `export`'s sidecar a temperature of 1; `class_names` renames the classes.
+    """Rename the classes of `export`'s sidecar to `class_names` (None: keep them).
+
+    And give it a temperature of 1.  # room: calibration
 
     # room: unknown begin
     And the unknown keys export writes: validation energy scores spread evenly from `lowest` to
@@ -87,7 +89,7 @@ def with_unknown_keys(
     sidecar = export.with_suffix(".json")
     meta = json.loads(sidecar.read_text())
     table = np.linspace(lowest, highest, 101).tolist()  # room: unknown
-    meta["temperature"] = 1.0
+    meta["temperature"] = 1.0  # room: calibration
     meta |= {"unknown_score": "energy", "unknown_quantiles": table}  # room: unknown
     meta |= {"unknown_accept": 0.95, "unknown_threshold": lowest + 0.05 * (highest - lowest)}  # room: unknown
     if class_names is not None:
@@ -123,6 +125,7 @@ DOC = {
     "input": {"name": "images", "shape": ["N", 3, 16, 16], "dtype": "uint8", "layout": "NCHW, RGB"},
     "preprocessing": {"crop_ratio": 0.875, "normalization": {"mean": [0.5] * 3, "std": [0.25] * 3}},
     "source_checkpoint": {"path": "/runs/x/last.ckpt", "sha256": "0" * 64},
+    # room: calibration begin
     "temperature": 1.5,
     "ece_before": 0.1,
     "ece_after": 0.05,
@@ -132,6 +135,7 @@ DOC = {
         "before": {"confidence": [0.3, 0.8], "accuracy": [0.25, 0.9], "count": [10, 14]},
         "after": {"confidence": [0.35, 0.75], "accuracy": [0.25, 0.9], "count": [11, 13]},
     },
+    # room: calibration end
     "unknown_score": "energy",  # room: unknown
     "unknown_accept": 0.95,  # room: unknown
     "unknown_quantiles": [float(q) for q in range(101)],  # room: unknown

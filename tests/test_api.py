@@ -208,7 +208,7 @@ def calibrated(fitted_run: Run, tmp_path_factory: pytest.TempPathFactory) -> tup
     sidecar = onnx.with_suffix(".json")
     meta = json.loads(sidecar.read_text())
     meta["source_checkpoint"]["path"] = str(checkpoint)
-    meta["temperature"] = 2.0
+    meta["temperature"] = 2.0  # room: calibration
     # room: unknown begin
     logits = api.load(onnx)._logits([Path(f) for f in sorted(images.glob("*.*"))]).logits
     scores = np.sort(score(logits, "energy", 2.0))
@@ -240,7 +240,8 @@ def test_a_checkpoint_answers_as_predict_does(
     args = [f"--ckpt_path={checkpoint}", f"--data.predict_dir={images}", f"--predictions.output={output}"]
     assert run_cli("predict", *args, "--predictions.top_k=6", "--data.num_workers=0") == 0
     model = api.load(checkpoint)
-    assert isinstance(model, api.CheckpointModel) and model.calibration.temperature == 2.0  # the export's
+    assert isinstance(model, api.CheckpointModel)
+    assert model.calibration.temperature == 2.0  # the export's  # room: calibration
     rows = csv_rows(output)
     files = sorted(images.glob("*.*"))
     answers = model.predict_many(files, top_k=6)

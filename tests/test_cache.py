@@ -138,7 +138,7 @@ class _MeanColour(torch.nn.Module):
 
 
 def test_export_calibration_reads_the_cached_validation_images_in_this_process(shapes_root: Path) -> None:
-    from project.export.fit_calibration import collect_logits, validation_loader
+    from project.export.validation import collect_logits, validation_loader
 
     cached = ImageDataModule(root=str(shapes_root), num_workers=2, cache=True)
     plain = ImageDataModule(root=str(shapes_root), num_workers=0, cache=False)

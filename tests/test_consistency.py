@@ -442,8 +442,10 @@ def predicted(run: Run, checkpoint: Path, odd_root: Path) -> dict[str, np.ndarra
         output = run.work / "predictions" / f"{checkpoint.parent.name}.csv"
         args = [f"--ckpt_path={checkpoint}", f"--data.predict_dir={odd_root / 'val'}"]
         args += [f"--predictions.output={output}", "--predictions.top_k=6", "--data.num_workers=0"]
+        # room: calibration begin
         # the calibration of the run's export (both checkpoints hold the same weights)
         args += [f"--predictions.sidecar={exported(run, run.best).with_suffix('.json')}"]
+        # room: calibration end
         cli(run.work, "predict", *args)
         run.cache[key] = read_csv_probabilities(output, run.class_names, odd_root / "val")
     return run.cache[key]
@@ -454,9 +456,13 @@ def exported(run: Run, checkpoint: Path) -> Path:
     key = ("export", checkpoint)
     if key not in run.cache:
         output = run.work / "exports" / checkpoint.parent.name
+        args = [f"--ckpt_path={checkpoint}", f"--output_dir={output}"]
+        # room: calibration begin
         # plain softmax: a one-epoch model's fitted temperature flattens every probability below the
         # CSVs' six decimals; calibration is held to the same answers everywhere in test_trust.py
-        cli(run.work, "export", f"--ckpt_path={checkpoint}", f"--output_dir={output}", "--calibrate=false")
+        args.append("--calibrate=false")
+        # room: calibration end
+        cli(run.work, "export", *args)
         run.cache[key] = output / "latest.onnx"
     return run.cache[key]
 

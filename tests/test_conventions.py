@@ -156,7 +156,7 @@ def test_every_callback_is_registered_in_the_one_table() -> None:
 
 
 def test_the_deployment_side_imports_neither_torch_nor_lightning() -> None:
-    """Every module under project.deploy (infer, serve, the predictions CSV, calibration) runs an export
+    """Every module under project.deploy (infer, serve, the predictions CSV, the probabilities) runs an export
     with onnxruntime, numpy and Pillow: importing them all loads no torch and no lightning."""
     import subprocess
     import sys
@@ -166,7 +166,7 @@ def test_the_deployment_side_imports_neither_torch_nor_lightning() -> None:
     names = [info.name for info in pkgutil.walk_packages(deploy.__path__, f"{deploy.__name__}.")]
     # every module file under deploy/ is walked (its own __init__.py is the package imported above)
     assert len(names) == len(list(Path(deploy.__file__).parent.rglob("*.py"))) - 1, names
-    assert {"infer", "classifier", "calibration", "prediction_csv"} <= {n.rpartition(".")[2] for n in names}
+    assert {"infer", "classifier", "outputs", "prediction_csv"} <= {n.rpartition(".")[2] for n in names}
     probe = (
         "import importlib, sys\n"
         f"for name in {names!r}:\n"

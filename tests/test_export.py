@@ -21,8 +21,19 @@ from onnx import numpy_helper
 from project import export
 from project.data.datamodule import ImageDataModule
 from project.data.shapes import CLASSES
-from project.export import ExportError, export_checkpoint, onnx_target, verification_batches, verify
+from project.export import (
+    ExportError,
+    export_checkpoint,
+    onnx_target,
+    validation,
+    verification_batches,
+    verify,
+)
+
+# room: calibration begin
 from project.export import fit_calibration as calibrate
+
+# room: calibration end
 from tests.helpers import fast_args, run_cli
 
 SIDECAR_KEYS = {
@@ -91,7 +102,11 @@ def test_the_torchscript_exporter_goes_first_and_torch_export_stands_in_for_it(
         return real_export(*args, dynamo=dynamo, **kwargs)
 
     monkeypatch.setattr(torch.onnx, "export", without_torchscript)
-    exported = export_checkpoint(folder / "last.ckpt", output_dir=folder / "fallback", calibrate=False)
+    exported = export_checkpoint(
+        folder / "last.ckpt",
+        output_dir=folder / "fallback",
+        calibrate=False,  # room: calibration
+    )
     assert exported.metadata["onnx_exporter"] == "torch.export"
     assert exported.metadata["verification"]["passed"] is True
     session = ort.InferenceSession(str(exported.onnx), providers=["CPUExecutionProvider"])
@@ -248,10 +263,12 @@ def test_a_bad_validation_image_is_skipped_by_the_end_of_fit_export(
     meta = json.loads((folder / "latest.json").read_text())
     assert meta["verification"]["passed"] is True and (folder / "latest.onnx").is_file()
     assert set(meta["verification"]["batches"]) == {"random-1", "random-7", "real-1", "real-7"}
+    # room: calibration begin
     # calibration read the 24 good validation images (this near-chance model is then refused)
     assert (
         meta.get("calibration_images") == 24 or "on the 24 validation images" in meta["calibration_skipped"]
     )
+    # room: calibration end
     assert json.loads((folder / "latest-int8.json").read_text())["validation_images"] == 24  # room: int8
 
 
@@ -270,7 +287,11 @@ def test_verification_follows_the_logits_scale_and_still_catches_defects(
 ) -> None:
     # logits in the thousands: float32 rounding alone differs by more than any fixed 1e-4
     big = with_logits_scaled(run_dir(trained) / "last.ckpt", tmp_path / "big.ckpt", 2000.0)
-    exported = export_checkpoint(big, output_dir=tmp_path / "out", calibrate=False)
+    exported = export_checkpoint(
+        big,
+        output_dir=tmp_path / "out",
+        calibrate=False,  # room: calibration
+    )
     verification = exported.metadata["verification"]
     assert verification["passed"] is True
     scale = max(r["max_abs_logit"] for rt in verification["results"].values() for r in rt.values())
@@ -340,7 +361,7 @@ def test_verification_allows_float32s_own_error_and_still_catches_defects(tmp_pa
 
 
 def test_a_top1_tied_within_the_bound_agrees_and_an_unmeasured_error_is_recorded_as_null() -> None:
-    from project.deploy.calibration import Outputs
+    from project.deploy.outputs import Outputs
     from project.export.verify import _agree
 
     expected = Outputs(np.array([[1.0, 1.00001, -3.0], [5.0, 0.0, 1.0]]))
@@ -353,6 +374,7 @@ def test_a_top1_tied_within_the_bound_agrees_and_an_unmeasured_error_is_recorded
     assert problems and "float32's own error not measured" in problems[0]
 
 
+# room: calibration begin
 @pytest.mark.slow
 def test_calibration_refuses_to_flatten_a_near_chance_model(
     trained: Path, shapes_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -394,6 +416,7 @@ def test_calibration_refuses_to_flatten_a_near_chance_model(
     )
 
 
+# room: calibration end
 def test_the_export_command_and_the_end_of_fit_export_take_the_same_options() -> None:
     from dataclasses import fields
 
@@ -415,10 +438,12 @@ def test_the_export_command_and_the_end_of_fit_export_take_the_same_options() ->
     given |= {"unknown_accept": 0.9, "unknown_score": "max_probability"}  # room: unknown
     given["quantize"] = "int8"  # room: int8
     flags = [f"--{name}={value}" for name, value in given.items()]
-    parsed = command.parse_args([*flags, "--calibrate=false", "--ckpt_path=x.ckpt"])
-    chosen = ExportOptions(**given, calibrate=False)
+    flags.append("--calibrate=false")  # room: calibration
+    given["calibrate"] = False  # room: calibration
+    parsed = command.parse_args([*flags, "--ckpt_path=x.ckpt"])
+    chosen = ExportOptions(**given)
     assert {k: v for k, v in vars(parsed).items() if k not in ("ckpt_path", "output_dir")} == vars(chosen)
-    built = ExportBest(**vars(callback.parse_args([*flags, "--calibrate=false"])))
+    built = ExportBest(**vars(callback.parse_args(flags)))
     assert built.options == chosen and built.enabled
     assert {f.name for f in fields(ExportOptions)} == set(vars(callback.parse_args([]))) - {"enabled"}
     # room: unknown begin
@@ -446,7 +471,8 @@ def test_format_openvino_writes_a_verified_ir_beside_the_onnx(
 
     monkeypatch.chdir(trained)
     args = [f"--ckpt_path={run_dir(trained) / 'last.ckpt'}", f"--data.root={shapes_root}"]
-    args += ["--data.num_workers=0", f"--output_dir={tmp_path}", "--calibrate=false"]
+    args += ["--data.num_workers=0", f"--output_dir={tmp_path}"]
+    args.append("--calibrate=false")  # room: calibration
     assert run_cli("export", *args, "--format=openvino") == 0
     meta = json.loads((tmp_path / "latest.json").read_text())
     stem = Path(meta["files"]["onnx"]).stem
@@ -524,7 +550,7 @@ def test_a_run_with_tta_exports_under_its_own_accuracy(workdir: Path, shapes_roo
     assert os.readlink(folder / "latest.onnx").startswith(f"tta-val_acc={metrics['val/acc']:.4f}-")
     session = ort.InferenceSession(str(folder / "latest.onnx"))
     datamodule = ImageDataModule(root=str(shapes_root), image_size=32, num_workers=0)
-    loader = calibrate.validation_loader(datamodule, 32, sidecar["preprocessing"]["crop_ratio"])
+    loader = validation.validation_loader(datamodule, 32, sidecar["preprocessing"]["crop_ratio"])
     right = total = 0
     for images, labels in loader:
         logits = session.run(None, {"images": images.numpy()})[0]

@@ -91,12 +91,14 @@ def test_a_name_that_is_not_utf8_keeps_its_bytes(model: Path, tmp_path: Path) ->
 
 NAN = float("nan")
 BAD_SIDECARS = {  # case -> (keys changed, what the error names)
+    # room: calibration begin
     "temperature below 0": (
         {"temperature": -1.0},
         "Sidecar '{json}': 'temperature' is -1.0; expected a finite",
     ),
     "temperature 0": ({"temperature": 0}, "'temperature' is 0; expected a finite number > 0"),
     "temperature NaN": ({"temperature": NAN}, "'temperature' is nan; expected a finite number > 0"),
+    # room: calibration end
     # room: multilabel begin
     "threshold NaN": ({"task": "multilabel", "threshold": NAN}, "'threshold' is nan; expected a probability"),
     # room: multilabel end

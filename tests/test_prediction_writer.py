@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-import json
+import json  # room: calibration
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,10 +15,18 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from project.callbacks.prediction_writer import PredictionWriter, export_of, no_export_message
+from project.callbacks.prediction_writer import (
+    PredictionWriter,
+    export_of,  # room: calibration
+    no_export_message,  # room: calibration
+)
 from project.csv_cells import original_cell, spreadsheet_cell
 from project.data.dataset import FileDataset, collate_skipping_none
+
+# room: calibration begin
 from project.errors import UserError
+
+# room: calibration end
 from tests.helpers import tiny_trainer
 
 COLOURS = {"red": (230, 20, 20), "green": (20, 230, 20), "blue": (20, 20, 230)}
@@ -116,6 +124,7 @@ def test_an_image_refused_by_decoding_is_skipped_and_the_others_written(tmp_path
         ]
 
 
+# room: calibration begin
 GOOD_SIDECAR = {"class_names": list(COLOURS), "image_size": 8, "preprocessing": {"crop_ratio": 1.0}}
 
 
@@ -169,6 +178,9 @@ def test_last_ckpt_uses_the_export_of_a_checkpoint_with_its_weights_or_names_the
     assert f"The run's export '{tmp_path / 'run-export.json'}' is of '{best}', whose weights differ." in said
     assert f"Pass --ckpt_path={best} to predict with the exported model" in said
     assert f"(python -m project export --ckpt_path {other})" in said
+
+
+# room: calibration end
 
 
 def test_without_an_output_each_predict_writes_a_new_csv_in_the_runs_folder(

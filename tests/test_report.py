@@ -130,7 +130,10 @@ HTML_NAME = "<img src=x onerror=alert(1)>"  # a class name that is markup
 
 def crafted_run(workdir: Path) -> Path:
     """logs/page as fit writes it (scalars, per-class accuracy, the misclassified grid) and its export's
-    sidecar with a reliability table: written directly, in milliseconds instead of a fit."""
+    sidecar: written directly, in milliseconds instead of a fit.
+
+    The sidecar has a reliability table.  # room: calibration
+    """
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -151,10 +154,14 @@ def crafted_run(workdir: Path) -> Path:
         summary.append(summary_pb2.Summary.Value(tag="val/misclassified", image=picture))
         writer.add_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=summary)))
     writer.close()
+    # room: calibration begin
     bins = {"confidence": [0.1 * i + 0.05 for i in range(10)], "accuracy": [0.1 * i for i in range(10)]}
     reliability = {"bins": 10, "before": {**bins, "count": [3] * 10}, "after": {**bins, "count": [3] * 10}}
+    # room: calibration end
     sidecar = {"class_names": ["star", HTML_NAME], "image_size": 8, "preprocessing": {"crop_ratio": 1.0}}
+    # room: calibration begin
     sidecar |= {"temperature": 1.5, "ece_before": 0.1, "ece_after": 0.05, "reliability": reliability}
+    # room: calibration end
     (workdir / "checkpoints" / "page").mkdir(parents=True)
     (workdir / "checkpoints" / "page" / "latest.json").write_text(json.dumps(sidecar))
     return run
@@ -164,9 +171,12 @@ def test_report_html_shows_the_reliability_diagram_and_the_misclassified_images(
     run = crafted_run(workdir)
     main(["page"])
     assert np.asarray(Image.open(run / "misclassified.png"))[0, 0].tolist() == [200, 40, 40]  # the grid
-    assert Image.open(run / "reliability.png").size == (1000, 480)
+    assert Image.open(run / "reliability.png").size == (1000, 480)  # room: calibration
     text = (run / "report.html").read_text()
-    for picture in ('<img src="report.png"', '<img src="reliability.png"', '<img src="misclassified.png"'):
+    pictures = ['<img src="report.png"']
+    pictures.append('<img src="reliability.png"')  # room: calibration
+    pictures.append('<img src="misclassified.png"')
+    for picture in pictures:
         assert picture in text
     assert "<h2>Misclassified validation images at step 10 (true → predicted)</h2>" in text
     assert HTML_NAME not in text and html.escape(HTML_NAME) in text  # a name is text, never markup
@@ -188,13 +198,17 @@ def test_report_html_in_a_browser(workdir: Path) -> None:
         sizes = page.eval_on_selector_all("img", "images => images.map(i => [i.src, i.naturalWidth])")
         assert [(Path(src).name, width) for src, width in sizes] == [
             ("report.png", 2000),
-            ("reliability.png", 1000),
+            ("reliability.png", 1000),  # room: calibration
             ("misclassified.png", 80),
         ]
-        assert page.locator("h2").all_text_contents()[:2] == [
-            "Reliability of the export's probabilities (validation split)",
-            "Misclassified validation images at step 10 (true → predicted)",
-        ]
+        assert (
+            "Misclassified validation images at step 10 (true → predicted)"
+            in page.locator("h2").all_text_contents()
+        )
+        # room: calibration begin
+        reliability = "Reliability of the export's probabilities (validation split)"
+        assert page.locator("h2").all_text_contents()[0] == reliability
+        # room: calibration end
         assert f"val_class_acc/{HTML_NAME}" in page.locator("td").all_text_contents()
         page.screenshot(path=str(REPORT_SCREENSHOT), full_page=True)
         browser.close()

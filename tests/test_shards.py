@@ -105,7 +105,7 @@ def assert_verified_export(folder: Path) -> None:
 
 def test_the_export_reads_its_images_from_the_shards(shards: Path) -> None:
     from project.export import validation_images
-    from project.export.fit_calibration import validation_loader
+    from project.export.validation import validation_loader
 
     data = ImageDataModule(root=str(shards), image_size=32, num_workers=0)
     images = validation_images(data)

@@ -24,12 +24,12 @@ def test_a_sidecar_round_trips_through_its_file(tmp_path: Path) -> None:
     assert loaded.class_names == ("red", "green", "blue", "dark")
     assert not loaded.multilabel  # room: multilabel
     assert (loaded.image_size, loaded.crop_ratio, loaded.resize_to) == (16, 0.875, 18)
-    assert loaded.temperature == 1.5
+    assert loaded.temperature == 1.5  # room: calibration
     assert (loaded.unknown_threshold, loaded.unknown_accept) == (5.0, 0.95)  # room: unknown
     assert loaded.files == {"onnx": "m.onnx", "pt2": "m.pt2"} and loaded.version == 1
     assert loaded.interpolation == "bilinear"  # absent: as version 1 resized
     assert loaded.source_checkpoint == "/runs/x/last.ckpt"
-    assert loaded.calibration().temperature == 1.5
+    assert loaded.calibration().temperature == 1.5  # room: calibration
     assert loaded.calibration().threshold == 5.0  # room: unknown
     assert loaded.calibration(0.5).threshold == pytest.approx(50.0)  # room: unknown
     assert loaded.public()["source_checkpoint"] == {"sha256": "0" * 64}  # serve shows no folder
@@ -43,7 +43,10 @@ def test_a_sidecar_without_a_version_is_version_1() -> None:
 
 def readers(folder: Path) -> dict[str, Callable[[], object]]:
     """Each reader of an export's sidecar, pointed at `folder/m.json` (beside `m.onnx`, `last.ckpt`)."""
+    # room: calibration begin
     from project.callbacks.prediction_writer import export_of
+
+    # room: calibration end
     from project.deploy.classifier import Classifier
 
     # room: serve begin
@@ -55,29 +58,39 @@ def readers(folder: Path) -> dict[str, Callable[[], object]]:
 
     # room: int8 end
     # room: report begin
+    # room: calibration begin
     from project.report import write_reliability
 
+    # room: calibration end
     # room: report end
 
     return {
         "infer": lambda: Classifier(folder / "m.onnx"),
         "serve": lambda: load_model(folder / "m.onnx"),  # room: serve
-        "predict": lambda: export_of(folder / "last.ckpt"),  # the sidecar of the checkpoint predicted with
+        # the sidecar of the checkpoint predicted with  # room: calibration
+        "predict": lambda: export_of(folder / "last.ckpt"),  # room: calibration
         "quantize": lambda: quantize_export(folder / "m.onnx", datamodule=None),  # room: int8
-        "report": lambda: write_reliability(folder / "m.json", folder / "reliability.png"),  # room: report
+        # room: report begin
+        # room: calibration begin
+        "report": lambda: write_reliability(folder / "m.json", folder / "reliability.png"),
+        # room: calibration end
+        # room: report end
     }
 
 
-READERS = ["infer", "predict"]
+READERS = ["infer"]
+READERS.append("predict")  # room: calibration
 READERS.append("quantize")  # room: int8
-READERS.append("report")  # room: report
+READERS.append("report")  # room: report, calibration
 READERS.append("serve")  # room: serve
 
 TAMPERED = {
+    # room: calibration begin
     "a negative temperature": (
         {"temperature": -1.0},
         "Sidecar '{json}': 'temperature' is -1.0; expected a finite",
     ),
+    # room: calibration end
     # room: unknown begin
     "unknown_accept above 1": (
         {"unknown_accept": 1.5},

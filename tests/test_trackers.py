@@ -162,7 +162,8 @@ def test_a_fit_with_the_mlflow_preset_is_on_the_server_with_its_params_curve_and
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "shapes")
     monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "false")  # MLflow would print the password
     extra = ["--trainer.max_epochs=2", "--export_best.enabled=true"]
-    extra.append("--export_best.calibrate=false")  # the export, not its calibration, is what is sent
+    # the export, not its calibration, is what is sent  # room: calibration
+    extra.append("--export_best.calibrate=false")  # room: calibration
     args = fast_args(shapes_root, *extra, "--name=tracked")
     assert run_cli("fit", "--config", "configs/presets/mlflow.yaml", *args) == 0
     output = capfd.readouterr()

@@ -1,4 +1,7 @@
-"""Trustworthy deployment: calibrated probabilities, the `unknown` answer, Grad-CAM.
+"""Trustworthy deployment: the end-of-fit export of a small fit, checked and run.
+
+Its calibrated probabilities and the `unknown` answer.  # room: calibration
+Grad-CAM overlays of predict's images.  # room: explain
 
 The int8 export of the fit here is measured and run here too.  # room: int8
 """
@@ -12,15 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+import torch  # room: calibration
 from PIL import Image
 
 from project.data.shapes import CLASSES
+
+# room: calibration begin
 from project.deploy import (
     calibration,
     unknown,  # room: unknown
 )
 
+# room: calibration end
 # room: unknown begin
 from project.deploy.infer import main as infer_main
 
@@ -30,14 +36,19 @@ from project.deploy.serve.predictions import Prepared, answer, run_batch
 
 # room: serve end
 # room: unknown end
+# room: calibration begin
 from project.export import fit_calibration as calibrate
 
+# room: calibration end
 # room: report begin
+# room: calibration begin
 from project.report import write_reliability
 
+# room: calibration end
 # room: report end
 from tests.helpers import fast_args, run_cli
 
+# room: calibration begin
 CALIBRATION_KEYS = {
     "temperature",
     "ece_before",
@@ -47,9 +58,11 @@ CALIBRATION_KEYS = {
     "unknown_threshold",  # room: unknown
 }
 BINS_NEAR_CHANCE = 3  # the reliability bins of top probabilities below 0.2 (chance: 1/6)
+# room: calibration end
 INT8_KEYS = {"agreement", "accuracy_float", "accuracy_int8", "latency_ms", "quantization"}  # room: int8
 
 
+# room: calibration begin
 def test_the_fitted_temperature_lowers_the_ece_of_overconfident_logits() -> None:
     generator = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 5, (2000,), generator=generator)
@@ -79,6 +92,7 @@ def test_calibration_is_skipped_with_a_reason(capsys: pytest.CaptureFixture[str]
     # room: multilabel end
 
 
+# room: calibration end
 # one colour per class: learnt within the 6 optimizer steps of the fixture's fit (val/acc 0.5),
 # where the shapes stay near chance and calibration is refused (it would flatten the model)
 PALETTE = [(220, 40, 40), (40, 200, 40), (40, 40, 220), (230, 230, 40), (200, 40, 200), (40, 210, 210)]
@@ -105,7 +119,7 @@ def coloured(colour: tuple[int, int, int], rng: np.random.Generator, size: int =
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, colours_root: Path) -> Path:
-    """A fit whose end-of-fit export is calibrated; returns the run's checkpoint folder."""
+    """A fit with its end-of-fit export; returns the run's checkpoint folder."""
     work = tmp_path_factory.mktemp("trust-work")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
@@ -137,6 +151,7 @@ def pngs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+# room: calibration begin
 @pytest.mark.slow
 def test_the_export_records_its_calibration(trained: Path) -> None:
     meta = json.loads((trained / "latest.json").read_text())
@@ -163,6 +178,7 @@ def test_the_export_records_its_calibration(trained: Path) -> None:
     # room: report end
 
 
+# room: calibration end
 def rows(path: Path) -> dict[str, dict]:
     with open(path, newline="") as f:
         return {Path(r["file"]).name: r for r in csv.DictReader(f)}
@@ -255,7 +271,8 @@ def test_the_int8_export_is_measured_and_runs(trained: Path, pngs: Path) -> None
 
     int8 = next(trained.glob("t-*-int8.onnx"))
     meta = json.loads(int8.with_suffix(".json").read_text())
-    assert set(meta) >= INT8_KEYS | CALIBRATION_KEYS
+    assert set(meta) >= INT8_KEYS
+    assert set(meta) >= CALIBRATION_KEYS  # room: calibration
     assert meta["files"] == {"onnx": int8.name} and 0 <= meta["agreement"] <= 1
     assert set(meta["latency_ms"]) == {"float", "int8"} and set(meta["latency_ms"]["int8"]) == {"1", "8"}
     # the int8 model answers as the float one: the same top-1 on the validation images (measured
@@ -325,6 +342,7 @@ def test_flip_tta_keeps_the_exports_unknown_rule(
 # room: unknown end
 
 
+# room: calibration begin
 def test_the_temperature_is_bounded_on_uninformative_logits() -> None:
     generator = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 6, (600,), generator=generator)
@@ -349,3 +367,6 @@ def test_a_temperature_that_makes_the_calibration_worse_is_not_kept_and_few_imag
     assert "only 30 validation images" in few["calibration_note"]
     fine = calibrate.checked_calibration(logits, labels, temperature=1.0)
     assert "calibration_note" not in fine
+
+
+# room: calibration end

@@ -19,9 +19,10 @@ from PIL import Image
 
 from project.data.shapes import CLASSES
 from project.deploy import feature_bank, unknown
-from project.deploy.calibration import Calibration, Outputs
+from project.deploy.calibration import Calibration
 from project.deploy.feature_bank import FeatureBank
 from project.deploy.infer import main as infer_main
+from project.deploy.outputs import Outputs
 
 # room: serve begin
 from project.deploy.serve.models import load_model

@@ -5,7 +5,7 @@
     run = api.fit("--trainer.max_epochs=2")          # `python -m project fit ...`: the same configs and flags
     api.show_batch()                                  # augmented training images beside validation's view
     api.report(run)                                   # its curves and confusion matrix, as a picture
-    model = api.load(run.best_checkpoint)            # PyTorch: the run's preprocessing and calibration
+    model = api.load(run.best_checkpoint)            # PyTorch: the run's preprocessing (and calibration)
     model.predict("photo.jpg")                        # a file, its bytes, a PIL image or a uint8 numpy array
     deployed = api.load(run.export)                   # torch-free (.onnx or OpenVINO .xml): `infer`'s answers
 
@@ -33,8 +33,13 @@ import numpy as np
 from PIL import Image
 
 from project.data.decode import pil_rgb
-from project.deploy.calibration import Calibration, Outputs
+
+# room: calibration begin
+from project.deploy.calibration import Calibration
+
+# room: calibration end
 from project.deploy.classifier import RUNTIMES, Classifier
+from project.deploy.outputs import Outputs, softmax
 
 # room: unknown begin
 from project.deploy.unknown import UNKNOWN
@@ -51,8 +56,9 @@ KINDS = "a file path, the file's bytes, a PIL image, or a uint8 numpy array [H, 
 class Prediction:
     """One image's answer, as `predict`, `infer` and `serve` give it.
 
-    `names` and `probabilities`: the top-k classes, most probable first, with their calibrated
-    probabilities. `class_name` is the top class. `labels`: the predicted labels (the class).
+    `names` and `probabilities`: the top-k classes, most probable first, with their probabilities
+    (calibrated where the export has a temperature). `class_name` is the top class. `labels`: the
+    predicted labels (the class).
     # room: multilabel begin
 
     Multi-label: `names` and `probabilities` are every label, most probable first, a sigmoid each, and
@@ -307,23 +313,32 @@ class ExportModel(_Predicting):
 
 class CheckpointModel(_Predicting):
     """A checkpoint's model in PyTorch (`.model`, an ImageClassifier in eval mode on the CPU), with the
-    run's own preprocessing (image size, crop, resize filter) and its export's calibration, as `predict`.
+    run's own preprocessing (image size, crop, resize filter), as `predict`.
 
-    `sidecar`: the export sidecar whose calibration applies; `auto`: the
+    # room: calibration begin
+    And its export's calibration. `sidecar`: the export sidecar whose calibration applies; `auto`: the
     checkpoint's export beside it (as `predict --predictions.sidecar=auto`); None: the plain softmax.
+    # room: calibration end
     """
 
     def __init__(
         self,
         path: str | os.PathLike,
-        sidecar: str | os.PathLike | None = "auto",
+        sidecar: str | os.PathLike | None = "auto",  # room: calibration
         unknown_accept: float | None = None,  # room: unknown
     ) -> None:
+        # room: calibration begin
         from project.callbacks.prediction_writer import export_of
+
+        # room: calibration end
         from project.checkpoint_io import load_checkpoint_file
         from project.checkpoint_values import checkpoint_layer
         from project.data.transforms import eval_transform
+
+        # room: calibration begin
         from project.deploy.sidecar import Sidecar
+
+        # room: calibration end
         from project.export import load_for_export
 
         self.path = Path(path)
@@ -333,6 +348,7 @@ class CheckpointModel(_Predicting):
         self.transform = eval_transform(
             self.model.image_size, data.get("crop_ratio", 0.875), data["interpolation"]
         )
+        # room: calibration begin
         found = (
             export_of(self.path) if sidecar == "auto" else Sidecar.load(Path(sidecar)) if sidecar else None
         )
@@ -344,6 +360,7 @@ class CheckpointModel(_Predicting):
                 unknown_accept,  # room: unknown
             )
         )
+        # room: calibration end
 
     def _logits(self, images: list[Path | bytes | np.ndarray]) -> Stepped:
         import torch
@@ -389,7 +406,11 @@ class CheckpointModel(_Predicting):
             return answers
         # room: multilabel end
         answers = []
-        for p in self.calibration.probabilities(logits):
+        every = softmax(
+            logits,
+            self.calibration.temperature,  # room: calibration
+        )
+        for p in every:
             order = np.argsort(-p, kind="stable")[: min(top_k, len(names))]
             top, probs = [names[i] for i in order], [float(p[i]) for i in order]
             answers.append(Prediction(top[0], top, probs, [top[0]]))

@@ -508,8 +508,10 @@ class ImageClassifier(L.LightningModule):
     ) -> torch.Tensor | None:
         if batch is None:
             return None
-        # logits: PredictionWriter turns them into answers with the export's calibration
-        # (project.deploy.calibration), as infer and serve do
+        # logits: PredictionWriter turns them into answers, as infer and serve do
+        # room: calibration begin
+        # (with the export's calibration, project.deploy.calibration)
+        # room: calibration end
         return self._evaluation_logits(batch[0]).float()
 
     def _evaluation_logits(self, images: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,10 @@
 RUN is a run name (a folder in logs/) or the path of a run folder. Reads the run's TensorBoard
 event files and writes `report.png` (loss, accuracy, learning rate, throughput, the last
 confusion matrix and per-class accuracy) and `report.html` (the pictures and the final metrics)
-into the run folder. When the run has a calibrated export (`checkpoints/<run>/latest.json`), it
-also writes `reliability.png`: the reliability diagram of the validation split before and after
-the temperature; when it logged misclassified validation images (the `val/misclassified` grid of
+into the run folder.
+When the run has a calibrated export (`checkpoints/<run>/latest.json`), it also writes  # room: calibration
+`reliability.png`: the validation split's reliability before and after the temperature.  # room: calibration
+When it logged misclassified validation images (the `val/misclassified` grid of
 TensorBoard), the last grid goes to `misclassified.png`. report.html shows each picture written.
 Needs neither torch nor lightning: tensorboard, numpy and matplotlib.
 """
@@ -27,9 +28,16 @@ from matplotlib.figure import Figure
 
 from project import figures
 from project.atomic import atomic_write
+
+# room: calibration begin
 from project.deploy.sidecar import Sidecar
+
+# room: calibration end
 from project.errors import CommandParser, UserError, exits_on_user_error
-from project.runs import CHECKPOINTS, LOGS
+from project.runs import (
+    CHECKPOINTS,  # room: calibration
+    LOGS,
+)
 
 CLASS_ACC = "val_class_acc/"
 COUNTS = "val/confusion_matrix_counts"
@@ -223,10 +231,12 @@ def report(run: str, output: str | None = None) -> Path:
         draw_report(data).savefig(image, format="png")
     atomic_write(png, image.getbuffer())
     more = []
+    # room: calibration begin
     reliability = png.with_name("reliability.png")
     if write_reliability(CHECKPOINTS / run_dir.name / "latest.json", reliability):
         print(f"Reliability diagram written to {reliability}")
         more.append((reliability.name, "Reliability of the export's probabilities (validation split)"))
+    # room: calibration end
     if data.misclassified is not None:
         misclassified = png.with_name("misclassified.png")
         atomic_write(misclassified, data.misclassified)  # the PNG TensorBoard holds, as it is
@@ -236,6 +246,7 @@ def report(run: str, output: str | None = None) -> Path:
     return png
 
 
+# room: calibration begin
 def write_reliability(sidecar: Path, png: Path) -> bool:
     """The reliability diagram of the export `sidecar` describes, at `png`; False when it has none.
 
@@ -277,6 +288,9 @@ def draw_reliability(export: Sidecar) -> Figure:
         fontsize=11,
     )
     return figure
+
+
+# room: calibration end
 
 
 @exits_on_user_error

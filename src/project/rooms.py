@@ -279,7 +279,7 @@ ROOMS = {
             "tests/test_cache.py",
             "tests/test_batch_augment.py",
             "bench/cache_epoch.py",
-            "bench/calibration_pass.py",
+            "bench/calibration_pass.py",  # room: calibration
         ),
     ),
     # room: cache end
@@ -294,8 +294,19 @@ ROOMS = {
             "tests/test_unknown.py",
             "bench/unknown.py",
         ),
+        needs=("calibration",),  # its scores read the temperature (deploy/calibration.py applies both)
     ),
     # room: unknown end
+    # room: calibration begin
+    "calibration": Room(
+        "temperature scaling: a temperature fitted on validation at export, applied by predict, infer, serve",
+        files=(
+            "src/project/export/fit_calibration.py",
+            "src/project/deploy/calibration.py",
+            "bench/calibration_pass.py",  # room: cache
+        ),
+    ),
+    # room: calibration end
     # room: new begin
     "new": Room(
         "`new` itself: making copies like this one (a task made from the template needs it no more)",

@@ -188,11 +188,11 @@ class Trainer(L.Trainer):
 
         Args:
             model: Unused (the checkpoint holds the model); LightningCLI passes it.
-            datamodule: Its validation images, when it has any on disk, are used for verification,
-                and to fit the calibration.
+            datamodule: Its validation images, when it has any on disk, are used for verification.
+                They also fit the calibration.  # room: calibration
             ckpt_path: The checkpoint to export.
             output_dir: Where to write; default: next to the checkpoint.
-            options: The fields of `project.export.ExportOptions` (`--opset`, `--calibrate`, ...).
+            options: The fields of `project.export.ExportOptions` (`--opset`, `--format`, ...).
         """
         images = validation_images(datamodule)
         result = export_checkpoint(

@@ -19,7 +19,7 @@ from project.callbacks.trackers import send_text
 # room: trackers end
 from project.data.shapes import IMAGE_SIZE as SHAPES_IMAGE_SIZE
 from project.errors import UserError
-from project.export.fit_calibration import FEW_IMAGES
+from project.export.validation import FEW_IMAGES
 
 # room: multilabel begin
 from project.model import is_multilabel
@@ -190,9 +190,10 @@ def warn_small_validation(
     rank_zero_warn(
         f"The validation split has only {images} images: val/acc has a standard error of up to "
         f"{error * 100:.1f} points (0.5 / sqrt({images})), so checkpoints closer than that are ranked by "
-        "chance and the best checkpoint, its export and the calibration fitted on these images rest on "
-        f"noise. Fix: hold out at least {FEW_IMAGES} images (a larger --data.val_split or val/ folder), or "
-        "compare runs by their last epochs rather than by one best value."
+        "chance and the best checkpoint and its export"
+        + " (and the calibration fitted on these images)"  # room: calibration
+        + f" rest on noise. Fix: hold out at least {FEW_IMAGES} images (a larger --data.val_split or val/ "
+        "folder), or compare runs by their last epochs rather than by one best value."
     )
 
 

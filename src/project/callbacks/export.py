@@ -17,14 +17,14 @@ class ExportBest(Callback):
     """After fit: every export target + sidecar of the best checkpoint, verified, next to it (rank 0 only).
 
     Its options are those of the `export` command (`ExportOptions`), as `--export_best.opset`,
-    `--export_best.calibrate`, ...; they are checked when the callback is built, before training.
+    `--export_best.format`, ...; they are checked when the callback is built, before training.
     """
 
     def __init__(self, enabled: bool = True, **options: Any) -> None:
         """
         Args:
             enabled: Export when fit ends (`--export_best.enabled=false` turns it off).
-            options: The fields of `project.export.ExportOptions` (opset, calibrate, ...).
+            options: The fields of `project.export.ExportOptions` (opset, format, ...).
         """
         self.enabled = enabled
         self.options = ExportOptions(**options)

@@ -6,8 +6,11 @@ For a multi-label model: file, the predicted labels, and every label's probabili
 Under DDP the rows of every process are gathered: the CSV has each image exactly once, whatever the
 strategy.
 
-`predict_step` returns logits; probabilities are calibrated with the temperature of the
-checkpoint's export through `project.deploy.calibration`, exactly as `infer` and `serve` do.
+`predict_step` returns logits; probabilities are their softmax, exactly as `infer` and `serve` give them.
+# room: calibration begin
+They are calibrated with the temperature of the checkpoint's export through
+`project.deploy.calibration`.
+# room: calibration end
 # room: unknown begin
 
 class_name is `unknown` below the export's unknown threshold, and `reason` says why. The unknown score
@@ -23,7 +26,7 @@ With test-time augmentation too: its views run after the plain one.
 from __future__ import annotations
 
 import csv
-import json
+import json  # room: calibration
 import os
 import time
 from pathlib import Path
@@ -41,24 +44,37 @@ from project.atomic import atomic_files
 from project.backbones import feature_layer
 
 # room: unknown end
+# room: calibration begin
 from project.checkpoint_io import load_checkpoint_file
-from project.deploy import prediction_csv
-from project.deploy.calibration import (
-    Calibration,
-    Outputs,  # room: unknown
-)
 
+# room: calibration end
+from project.deploy import prediction_csv
+
+# room: calibration begin
+from project.deploy.calibration import Calibration
+
+# room: calibration end
 # room: unknown begin
 from project.deploy.feature_bank import descriptors
 
 # room: unknown end
+from project.deploy.outputs import (
+    Outputs,  # room: unknown
+    softmax,
+)
+
+# room: calibration begin
 from project.deploy.sidecar import Sidecar, source_of
 
+# room: calibration end
 # room: unknown begin
 from project.deploy.unknown import UNKNOWN
 
 # room: unknown end
+# room: calibration begin
 from project.errors import UserError
+
+# room: calibration end
 from project.model import (
     is_multilabel,  # room: multilabel
     label_names,
@@ -79,7 +95,7 @@ class PredictionWriter(BasePredictionWriter):
         self,
         output: str | None = None,
         top_k: int = 5,
-        sidecar: str | None = "auto",
+        sidecar: str | None = "auto",  # room: calibration
         unknown_accept: float | None = None,  # room: unknown
     ) -> None:
         """
@@ -87,8 +103,10 @@ class PredictionWriter(BasePredictionWriter):
             output: CSV file to write (replaced atomically when prediction finishes); null: a new
                 `predictions-<time>.csv` in the run's `logs/<run>/predict/`, beside its other outputs.
             top_k: How many of the most likely classes to list per image.
+            # room: calibration begin
             sidecar: The export sidecar (.json) whose calibration applies; `auto`: the newest export
                 of --ckpt_path in its folder; null: plain softmax.
+            # room: calibration end
             # room: unknown begin
             sidecar: The export sidecar (.json) whose temperature and unknown threshold apply;
                 `auto`: the newest export of --ckpt_path in its folder; null: plain softmax.
@@ -100,9 +118,9 @@ class PredictionWriter(BasePredictionWriter):
         self.output = Path(output) if output is not None else None
         self._target = self.output  # where this predict writes (on_predict_start)
         self.top_k = top_k
-        self.sidecar = sidecar
+        self.sidecar = sidecar  # room: calibration
         self.unknown_accept = unknown_accept  # room: unknown
-        self.calibration = Calibration()
+        self.calibration = Calibration()  # room: calibration
         self._positions: list[torch.Tensor] = []
         self._probabilities: list[torch.Tensor] = []
         self._classes: list[torch.Tensor] = []
@@ -129,7 +147,7 @@ class PredictionWriter(BasePredictionWriter):
                 + ". --model.tta=none predicts as they do."
             )
         # room: recipes end
-        self.calibration = self._calibration(trainer, pl_module)
+        self.calibration = self._calibration(trainer, pl_module)  # room: calibration
         # room: unknown begin
         net = getattr(pl_module, "net", None)  # a classifier of this project: take its plain view's outputs
         self._first_view = None if net is None else FirstView(net, self.calibration.needs_features)
@@ -150,6 +168,7 @@ class PredictionWriter(BasePredictionWriter):
 
     # room: unknown end
 
+    # room: calibration begin
     def _calibration(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Calibration:
         """The calibration of the checkpoint's export (its sidecar), or the plain softmax without one."""
         # room: multilabel begin
@@ -193,6 +212,7 @@ class PredictionWriter(BasePredictionWriter):
             )
         return found
 
+    # room: calibration end
     @override
     def write_on_batch_end(
         self,
@@ -216,13 +236,16 @@ class PredictionWriter(BasePredictionWriter):
     def _answers(
         self, logits: torch.Tensor, pl_module: L.LightningModule
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The calibrated probabilities of each image's top k classes, and those classes."""
+        """The probabilities of each image's top k classes, and those classes."""
         # room: multilabel begin
         if is_multilabel(pl_module):  # every label's probability, in label order; no classes
             return logits.sigmoid(), torch.empty(len(logits), 0, dtype=torch.long)
         # room: multilabel end
-        calibrated = torch.from_numpy(self.calibration.probabilities(logits.numpy()))
-        probabilities, classes = calibrated.topk(self._k(pl_module), dim=1)
+        every = softmax(
+            logits.numpy(),
+            self.calibration.temperature,  # room: calibration
+        )
+        probabilities, classes = torch.from_numpy(every).topk(self._k(pl_module), dim=1)
         return probabilities, classes
 
     def _widths(self, pl_module: L.LightningModule) -> tuple[int, int]:
@@ -311,6 +334,7 @@ class PredictionWriter(BasePredictionWriter):
         return min(self.top_k, len(label_names(pl_module)))
 
 
+# room: calibration begin
 def export_of(ckpt_path: str | os.PathLike | None) -> Sidecar | None:
     """The sidecar of the newest float export of `ckpt_path` in its folder, or None.
 
@@ -397,6 +421,9 @@ def _check_classes(found: Sidecar, sidecar: str | None, names: list[str]) -> Non
             f"the checkpoint's model has {len(names)}.",
             "pass --predictions.sidecar the .json exported from this checkpoint, or `auto`, or null.",
         )
+
+
+# room: calibration end
 
 
 def _cat(parts: list[torch.Tensor], empty: tuple[int, ...], dtype: torch.dtype = torch.long) -> torch.Tensor:

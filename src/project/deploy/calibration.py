@@ -15,37 +15,24 @@ read as a bug.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 # room: unknown begin
 from project.deploy.feature_bank import FeatureBank
+
+# room: unknown end
+from project.deploy.outputs import (
+    Outputs,  # room: unknown
+    softmax,
+)
+
+# room: unknown begin
 from project.deploy.unknown import FEATURE_SCORES, score, threshold_for
 
 # room: unknown end
-
-
-class Outputs(NamedTuple):
-    """A model's outputs for a batch: logits [N, C], and penultimate features [N, D] where it has them."""
-
-    logits: np.ndarray
-    features: np.ndarray | None = None
-
-    @classmethod
-    def of(cls, names: Sequence[str], values: Sequence[np.ndarray]) -> Outputs:
-        """The outputs of a session run on `names` (`logits`, optionally `features`)."""
-        found = dict(zip(names, values, strict=True))
-        return cls(found["logits"], found.get("features"))
-
-
-def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """Probabilities [N, C] of logits [N, C] at `temperature`."""
-    scaled = np.asarray(logits, dtype=np.float64) / temperature
-    exp = np.exp(scaled - scaled.max(axis=1, keepdims=True))
-    return exp / exp.sum(axis=1, keepdims=True)
 
 
 @dataclass(frozen=True)

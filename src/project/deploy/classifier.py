@@ -1,10 +1,13 @@
 """An exported model with its sidecar, ready to classify: onnxruntime (or OpenVINO), numpy and Pillow only.
 
 `infer` (files -> CSV) and `serve` (HTTP) both answer through `Classifier`: the same decoding as
-training (`project.data.decode`), the resize and centre crop of validation, the export's calibration
-(`project.deploy.calibration`); `open_session` opens an .onnx file with
-onnxruntime, and another export's file with the runtime RUNTIMES names for its suffix. Importing this
-module imports neither torch nor lightning.
+training (`project.data.decode`), the resize and centre crop of validation, and the softmax of the
+logits (`project.deploy.outputs`).
+# room: calibration begin
+The softmax is taken at the export's temperature (`project.deploy.calibration`).
+# room: calibration end
+`open_session` opens an .onnx file with onnxruntime, and another export's file with the runtime
+RUNTIMES names for its suffix. Importing this module imports neither torch nor lightning.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ import numpy as np
 from PIL import Image
 
 from project.data.decode import BadImageError, decode_rgb, read_rgb  # numpy and Pillow only
-from project.deploy.calibration import Outputs
 
 # room: unknown begin
 from project.deploy.feature_bank import descriptors
 
 # room: unknown end
+from project.deploy.outputs import Outputs, softmax
 from project.deploy.sidecar import Sidecar
 
 # room: unknown begin
@@ -97,9 +100,11 @@ class Classifier:
         self.resize_to = self.sidecar.resize_to
         # Pillow's filters are the ones torch's antialiased uint8 resize reproduces (within a grey level)
         self.resample = RESAMPLING[self.sidecar.interpolation]
+        # room: calibration begin
         self.calibration = self.sidecar.calibration(
             unknown_accept,  # room: unknown
         )
+        # room: calibration end
         self.session = open_session(model, threads)
         self.outputs = [output.name for output in self.session.get_outputs()]  # room: unknown
         self._check_fits(model, sidecar)
@@ -199,12 +204,18 @@ class Classifier:
         return Outputs(self.logits(batch))
 
     def probabilities_of(self, logits: np.ndarray) -> np.ndarray:
-        """Calibrated probabilities of logits [N, C]."""
+        """Probabilities of logits [N, C]: their softmax.
+
+        The logits are divided by the export's temperature first.  # room: calibration
+        """
         # room: multilabel begin
         if self.multilabel:  # independent labels: a sigmoid each
             return 1 / (1 + np.exp(-logits))
         # room: multilabel end
-        return self.calibration.probabilities(logits)
+        return softmax(
+            logits,
+            self.calibration.temperature,  # room: calibration
+        )
 
     def probabilities(self, batch: np.ndarray) -> np.ndarray:
         return self.probabilities_of(self.logits(batch))

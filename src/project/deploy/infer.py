@@ -8,8 +8,11 @@ The sidecar JSON next to the model gives the class names and the image size; fil
 by training's rule (`project.data.decode`), the resize and centre crop match validation
 (torchvision's Resize + CenterCrop), and the model itself normalizes. A file that cannot be
 decoded is named on stderr with its reason, the others are still classified, and the exit status
-is then 1. Probabilities are calibrated with the export's temperature by `project.deploy.calibration`,
-as `predict` and `serve` do. Importing this module imports neither torch nor lightning.
+is then 1. Probabilities are the softmax of the logits, as `predict` and `serve` give them.
+# room: calibration begin
+They are calibrated with the export's temperature by `project.deploy.calibration`.
+# room: calibration end
+Importing this module imports neither torch nor lightning.
 # room: unknown begin
 
 An image whose unknown score is below the export's threshold is answered `unknown` (its class

@@ -5,10 +5,11 @@ infer, serve, `predict` and `report` read one with `Sidecar.load`.
 `--quantize int8` reads the float model's and writes its own as export does (its agreement,  # room: int8
 accuracies and latency are keys that no reader checks, as `metrics` is).  # room: int8
 Both go through `check`, the one validation: a sidecar may come from another machine or be edited
-by hand, and a wrong value does not fail loudly later (a negative temperature inverts the ranking, a
-string where the class names belong lists its letters as classes), so each such value is refused
-with one message naming the file and the key. Whether the class names fit the model's outputs is
-checked where the model is loaded (`project.deploy.classifier.Classifier`).
+by hand, and a wrong value does not fail loudly later (a string where the class names belong lists
+its letters as classes), so each such value is refused with one message naming the file and the key.
+A negative temperature, which would invert the ranking, is refused so too.  # room: calibration
+Whether the class names fit the model's outputs is checked where the model is loaded
+(`project.deploy.classifier.Classifier`).
 
 The format has a `version` (absent: 1, the sidecars written before it had one). A reader refuses a
 sidecar from a newer template, whose keys it may misread, with one message saying to upgrade. An
@@ -41,8 +42,10 @@ from typing import Any
 from project.deploy import feature_bank
 
 # room: unknown end
+# room: calibration begin
 from project.deploy.calibration import Calibration
 
+# room: calibration end
 # room: unknown begin
 from project.deploy.unknown import FEATURE_SCORES, SCORES
 
@@ -56,7 +59,7 @@ TASKS = (  # the `task` a sidecar may name
     "multilabel",  # room: multilabel
 )
 MAX_IMAGE_SIZE = 8192  # the resize before the crop stays below this too (a crop ratio near 0 would not)
-MAX_BINS = 1000  # reliability diagram bins (export writes 15)
+MAX_BINS = 1000  # reliability diagram bins (export writes 15)  # room: calibration
 # room: unknown begin
 QUANTILES = 101  # unknown.quantiles: shares 0, 1, ..., 100 %
 # the fewest columns a feature bank row has: one network feature and the image statistics
@@ -79,14 +82,14 @@ class Sidecar:
         task: `multiclass` (one softmax)
             or `multilabel` (a sigmoid per label).  # room: multilabel
         threshold: The probability from which a label is given (multi-label).  # room: multilabel
-        temperature: Divides the logits before the softmax (1: uncalibrated).
+        temperature: Divides the logits before the softmax (1: uncalibrated).  # room: calibration
         unknown_score: `knn`, `energy` or `max_probability`; None: no calibration.  # room: unknown
         unknown_threshold: Below it an image is `unknown`; None: never.  # room: unknown
         unknown_quantiles: The validation images' scores at shares 0, 1, ..., 100 %.  # room: unknown
         unknown_accept: The share of validation images the threshold accepts.  # room: unknown
         files: The export's files by target (`onnx`: its file name).
         source_checkpoint: The path of the checkpoint it was exported from.
-        reliability: The reliability diagram's bins before and after the temperature.
+        reliability: The reliability diagram's bins before and after the temperature.  # room: calibration
         feature_bank: The knn score's training features: `file`, `rows`, `dim`, `sha256`.  # room: unknown
         path: Where the sidecar was read from.
         version: The sidecar format's version.
@@ -99,7 +102,7 @@ class Sidecar:
     interpolation: str = "bilinear"
     task: str = "multiclass"
     threshold: float = 0.5  # room: multilabel
-    temperature: float = 1.0
+    temperature: float = 1.0  # room: calibration
     # room: unknown begin
     unknown_score: str | None = None
     unknown_threshold: float | None = None
@@ -108,7 +111,7 @@ class Sidecar:
     # room: unknown end
     files: Mapping[str, str] = field(default_factory=dict)
     source_checkpoint: str | None = None
-    reliability: Mapping[str, Any] | None = None
+    reliability: Mapping[str, Any] | None = None  # room: calibration
     feature_bank: Mapping[str, Any] | None = None  # room: unknown
     path: Path | None = field(default=None, compare=False, repr=False)
     version: int = VERSION
@@ -126,7 +129,7 @@ class Sidecar:
             interpolation=meta["preprocessing"].get("interpolation", INTERPOLATIONS[0]),
             task=meta.get("task", "multiclass"),
             threshold=float(meta.get("threshold", 0.5)),  # room: multilabel
-            temperature=float(meta.get("temperature") or 1.0),
+            temperature=float(meta.get("temperature") or 1.0),  # room: calibration
             # room: unknown begin
             unknown_score=meta.get("unknown_score"),
             unknown_threshold=_float_or_none(meta.get("unknown_threshold")),
@@ -135,7 +138,7 @@ class Sidecar:
             # room: unknown end
             files=dict(meta.get("files") or {}),
             source_checkpoint=source_of(meta),
-            reliability=meta.get("reliability"),
+            reliability=meta.get("reliability"),  # room: calibration
             feature_bank=meta.get("feature_bank"),  # room: unknown
             path=Path(path),
             version=meta.get("version", 1),
@@ -166,6 +169,7 @@ class Sidecar:
         """The short side before the centre crop, as validation resized."""
         return round(self.image_size / self.crop_ratio)
 
+    # room: calibration begin
     def calibration(
         self,
         accept: float | None = None,  # room: unknown
@@ -186,6 +190,8 @@ class Sidecar:
             return replace(calibration, bank=self.bank())
         # room: unknown end
         return calibration
+
+    # room: calibration end
 
     # room: unknown begin
     def bank(self) -> feature_bank.FeatureBank | None:
@@ -325,6 +331,7 @@ def _check_version(meta: dict, path: Path | str) -> None:
         )
 
 
+# room: calibration begin
 def _reliability(value: Any) -> bool:
     """Whether `value` is a reliability table as calibration writes it: what `report` draws."""
     if not isinstance(value, dict):
@@ -343,6 +350,9 @@ def _reliability(value: Any) -> bool:
             if not all(_number(v, 0, 1 if key != "count" else math.inf) for v in column):
                 return False
     return True
+
+
+# room: calibration end
 
 
 # room: unknown begin
@@ -409,11 +419,13 @@ RULES: tuple[Rule, ...] = (
         f"one of {', '.join(INTERPOLATIONS)} (or absent: bilinear)",
         lambda m: m["preprocessing"].get("interpolation", INTERPOLATIONS[0]) in INTERPOLATIONS,
     ),
+    # room: calibration begin
     Rule(
         "temperature",
         "a finite number > 0 (or null)",
         _optional("temperature", lambda v: _number(v, 0, math.inf, low_open=True)),
     ),
+    # room: calibration end
     # room: unknown begin
     Rule(
         "unknown_score",
@@ -509,6 +521,7 @@ RULES: tuple[Rule, ...] = (
         "an object with the checkpoint's path (or absent)",
         _optional("source_checkpoint", lambda v: isinstance(v, dict) and isinstance(v.get("path", ""), str)),
     ),
+    # room: calibration begin
     Rule(
         "ece_before",
         "a calibration error from 0 to 1 (or null)",
@@ -524,6 +537,7 @@ RULES: tuple[Rule, ...] = (
         f"bins (1 to {MAX_BINS}) with a confidence, accuracy and count per bin, before and after",
         _optional("reliability", _reliability),
     ),
+    # room: calibration end
 )
 
 

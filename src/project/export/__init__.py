@@ -7,8 +7,11 @@
     onnx_target.py      ONNX, run by onnxruntime; pt2_target.py: torch.export's .pt2;
     openvino_target.py  `--format openvino`: an OpenVINO IR converted from the ONNX file  # room: openvino
     verify.py           the comparison with PyTorch on random and real images, and its bound
+    validation.py       the validation images an export measures on, and the model's outputs there
+    # room: calibration begin
     fit_calibration.py  the temperature fitted on validation
                         (`project.deploy.calibration` applies it, without torch)
+    # room: calibration end
     fit_unknown.py      the unknown score and threshold, measured on foreign.py's images  # room: unknown
     quantize.py         `--quantize int8`: onnxruntime static quantization, measured  # room: int8
 

@@ -3,8 +3,9 @@
 Each file takes a uint8 RGB batch [N, 3, H, W] at the trained size (preprocessing is baked in) and
 returns logits. The steps: read the checkpoint (`read`), write each target under a temporary name
 next to it and verify it against the PyTorch model in eval mode (`write_verified`), describe the
-export in the sidecar (`describe`, `calibration`), rename everything into place, and
-repoint the `latest.*` links atomically (`publish`).
+export in the sidecar (`describe`), rename everything into place, and repoint the `latest.*` links
+atomically (`publish`).
+The sidecar's temperature is fitted on the validation images (`calibration`).  # room: calibration
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ from project.deploy import feature_bank
 from project.deploy.sidecar import Sidecar, version_for
 from project.errors import UserError
 from project.export.deployable import Deployable, export_program, load_for_export
+
+# room: calibration begin
 from project.export.fit_calibration import Fitted, calibrate_export
 from project.export.fit_calibration import skipped as calibration_skipped
+
+# room: calibration end
 from project.export.options import ExportOptions
 from project.export.targets import Files, Source, Target, chosen
 from project.export.verify import ExportError, compare, load, verification_batches
@@ -134,8 +139,11 @@ def export_checkpoint(
 ) -> Exported:
     """Export `ckpt_path` next to it (or into `output_dir`); verify on random and real images.
 
-    `options` are the fields of ExportOptions (checked there). With `datamodule` (its validation
-    images on disk) the sidecar also gets a temperature (`project.export.fit_calibration`)
+    `options` are the fields of ExportOptions (checked there).
+    # room: calibration begin
+    With `datamodule` (its validation images on disk) the sidecar also gets a temperature
+    (`project.export.fit_calibration`)
+    # room: calibration end
     and an unknown threshold accepting the share `unknown_accept` (0 or None: off)  # room: unknown
     of validation images (`fit_unknown`);  # room: unknown
     `quantize="int8"` also writes `<stem>-int8.onnx` (`quantize.py`);  # room: int8
@@ -150,7 +158,7 @@ def export_checkpoint(
     checkpoint = read(ckpt_path)
     deployable = Deployable(checkpoint.model).eval()
     metrics = export_metrics(checkpoint, deployable, datamodule)
-    fitted = calibration(checkpoint, deployable, datamodule, settings)
+    fitted = calibration(checkpoint, deployable, datamodule, settings)  # room: calibration
     extra: list[str] = []  # files beside the model's
     if fitted.bank is not None:  # room: unknown
         extra.append(feature_bank.SUFFIX)  # room: unknown
@@ -162,7 +170,8 @@ def export_checkpoint(
         partial = dict(zip(final, partials, strict=True))
         exporters, verification = write_verified(source, partial, batches, targets)
         metadata = describe(checkpoint, settings.opset, verification, deployable) | exporters
-        metadata |= {"metrics": metrics} | fitted.keys
+        metadata |= {"metrics": metrics}
+        metadata |= fitted.keys  # room: calibration
         metadata["version"] = version_for(
             checkpoint.interpolation,
             metadata.get("unknown_score"),  # room: unknown
@@ -222,7 +231,7 @@ def export_metrics(checkpoint: Checkpoint, model: nn.Module, datamodule: object)
 # room: recipes begin
 def export_accuracy(checkpoint: Checkpoint, model: nn.Module, datamodule: object) -> dict:
     """{"val/acc": top-1 accuracy of `model` on the validation images, "val/acc_images": how many}, or {}."""
-    from project.export.fit_calibration import collect_logits, validation_loader
+    from project.export.validation import collect_logits, validation_loader
 
     # room: multilabel begin
     if checkpoint.model.multilabel:
@@ -299,6 +308,7 @@ def _write_one(
     raise ExportError(f"No exporter could write the {target.name} file.", "try another --opset.")
 
 
+# room: calibration begin
 def calibration(
     checkpoint: Checkpoint, model: nn.Module, datamodule: object, settings: ExportOptions
 ) -> Fitted:
@@ -323,6 +333,7 @@ def calibration(
     )
 
 
+# room: calibration end
 def describe(checkpoint: Checkpoint, opset: int, verification: dict, deployable: Deployable) -> dict:
     """The sidecar's description of the export: the model's interface, preprocessing, origin and versions."""
     import onnx

@@ -22,12 +22,12 @@ from torch.utils.data import DataLoader
 
 from project.data.transforms import Interpolation
 from project.deploy import unknown
-from project.deploy.calibration import Outputs, softmax
 from project.deploy.feature_bank import FeatureBank, rows_for
+from project.deploy.outputs import Outputs, softmax
 from project.deploy.unknown import FEATURE_SCORES, SCORES
 from project.errors import UserError
-from project.export.fit_calibration import MAX_IMAGES, collect, good_batches, outputs_of, split_loader
 from project.export.foreign import foreign_images
+from project.export.validation import MAX_IMAGES, collect, good_batches, outputs_of, split_loader
 
 
 @dataclass(frozen=True)

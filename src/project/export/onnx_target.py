@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from project.deploy.calibration import Outputs
+from project.deploy.outputs import Outputs
 from project.export.deployable import OUTPUTS, dynamic_batch, example_batch
 
 if TYPE_CHECKING:

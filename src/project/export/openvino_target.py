@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from project.deploy.calibration import Outputs
 from project.deploy.openvino_runtime import OpenVINOSession, import_openvino
+from project.deploy.outputs import Outputs
 
 if TYPE_CHECKING:
     from project.export.target import Files, Runner, Source

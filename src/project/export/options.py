@@ -36,7 +36,7 @@ class ExportOptions:
         quantize: `int8`: also write `<name>-int8.onnx` (static quantization), measured against
             the float model.
         # room: int8 end
-        calibrate: Fit the temperature on the validation split (false: plain softmax).
+        calibrate: Fit the temperature on the validation split (false: plain softmax).  # room: calibration
         # room: unknown begin
         calibrate: Fit the temperature and the unknown threshold (false: plain softmax, never
             `unknown`).
@@ -49,7 +49,7 @@ class ExportOptions:
     unknown_accept: float | None = DEFAULT_ACCEPT  # room: unknown
     unknown_score: Literal["auto", "knn", "energy", "max_probability"] = "auto"  # room: unknown
     quantize: Literal["int8"] | None = None  # room: int8
-    calibrate: bool = True
+    calibrate: bool = True  # room: calibration
     format: Format = "onnx"
 
     def __post_init__(self) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from project.deploy.calibration import Outputs
+from project.deploy.outputs import Outputs
 
 if TYPE_CHECKING:
     from project.export.target import Files, Runner, Source

@@ -7,7 +7,8 @@ written beside the float model as `<name>-int8.onnx` with its own sidecar: the f
 what was measured on the validation split (the share of images whose top-1 agrees with the float
 model, the accuracy of each) and the latency of each at batch 1 and 8.
 For a multi-label model the shares are of label decisions, at the sidecar's threshold.  # room: multilabel
-Its temperature is fitted again on its own validation logits; `infer` and `serve` run it as any export.
+Its temperature is fitted again on its own validation logits.  # room: calibration
+`infer` and `serve` run it as any export.
 Its unknown threshold is fitted again too, by the float export's score.  # room: unknown
 """
 
@@ -19,19 +20,19 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-import torch
+import torch  # room: calibration
 from torch.utils.data import DataLoader
 
 from project.atomic import atomic_files, atomic_symlink
 from project.data.dataset import collate_skipping_none
 from project.data.source import data_at_hand
 from project.data.transforms import Interpolation, eval_transform
-from project.deploy.calibration import Outputs
 
 # room: unknown begin
 from project.deploy.feature_bank import descriptors
 
 # room: unknown end
+from project.deploy.outputs import Outputs
 from project.deploy.sidecar import Sidecar
 
 # room: unknown begin
@@ -40,8 +41,9 @@ from project.deploy.unknown import FEATURE_SCORES
 # room: unknown end
 from project.errors import UserError
 from project.export import (
-    fit_calibration,
+    fit_calibration,  # room: calibration
     fit_unknown,  # room: unknown
+    validation,
 )
 
 CALIBRATION_IMAGES = 256
@@ -64,7 +66,7 @@ class TrainingImages:
         transform = eval_transform(size, crop_ratio, interpolation)
         dataset = data_at_hand(datamodule).samples("train", count, transform, skip)  # files or shards
         loader = DataLoader(dataset, batch_size=32, collate_fn=collate_skipping_none if skip else None)
-        self._batches = fit_calibration.good_batches(loader)
+        self._batches = validation.good_batches(loader)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         batch = next(self._batches, None)
@@ -177,7 +179,7 @@ def measure(
     float_session, int8_session = _session(float_path), _session(int8_path)
     result: dict = {"latency_ms": latency({"float": float_session, "int8": int8_session}, size)}
     try:
-        loader = fit_calibration.validation_loader(
+        loader = validation.validation_loader(
             datamodule, size, crop_ratio, interpolation=float_sidecar.interpolation
         )
     except ValueError as e:
@@ -189,7 +191,7 @@ def measure(
     int8_features = []
     # room: unknown end
     float_logits, int8_logits, labels = [], [], []
-    for images, targets in fit_calibration.good_batches(loader):
+    for images, targets in validation.good_batches(loader):
         batch = images.numpy()
         float_logits.append(float_session.run(["logits"], {"images": batch})[0])
         int8_outputs = Outputs.of(names, int8_session.run(names, {"images": batch}))
@@ -215,6 +217,7 @@ def measure(
         result["measured_as"] = "share of label decisions (at the sidecar's threshold) that agree"
         return result
     # room: multilabel end
+    # room: calibration begin
     if float_sidecar.reliability is not None:  # the float export was calibrated
         logits, labels = torch.from_numpy(q), torch.from_numpy(y)
         temperature = fit_calibration.fit_temperature(logits, labels)
@@ -226,6 +229,7 @@ def measure(
             if float_sidecar.unknown_score is not None:
                 result |= own_threshold(float_sidecar, int8_features, logits, labels, temperature)
             # room: unknown end
+    # room: calibration end
     return result
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from project.deploy.calibration import Outputs
+from project.deploy.outputs import Outputs
 
 # uint8 images [N, 3, H, W] -> float logits [N, C] (and features [N, D] where the model outputs them),
 # numpy in and out: a loaded export, ready to run

@@ -13,7 +13,7 @@ from torch import nn
 from project.data.shapes import CLASSES, draw_shape
 from project.data.source import data_at_hand
 from project.data.transforms import Interpolation, eval_transform
-from project.deploy.calibration import Outputs
+from project.deploy.outputs import Outputs
 from project.errors import UserError
 from project.export.targets import TARGETS, Runner
 

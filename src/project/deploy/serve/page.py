@@ -2,7 +2,8 @@
 
 One self-contained HTML document (inline CSS and script, no external script, font or image), so
 it works offline and behind any reverse proxy: it calls the service's JSON routes by relative
-URLs (`predict`, `metadata`), shows the top classes with their calibrated probabilities,
+URLs (`predict`, `metadata`), shows the top classes with their probabilities,
+calibrated by the export's temperature,  # room: calibration
 the `unknown` verdict with its reason,  # room: unknown
 and the model version. Everything the service returns is
 inserted with `textContent`, never as HTML: a class name is data (an export may name a class

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from project.deploy.calibration import Outputs
+from project.deploy.outputs import Outputs
 from project.deploy.serve import bodies
 from project.deploy.serve.models import LoadedModel
 
@@ -55,7 +55,9 @@ def run_batch(items: Sequence[Prepared]) -> list[tuple[Outputs, int]]:
 
 
 def answer(model: LoadedModel, outputs: Outputs, top_k: int, batch_size: int) -> dict:
-    """The JSON answer for one image's outputs: its calibrated top-k classes.
+    """The JSON answer for one image's outputs: its top-k classes.
+
+    Their probabilities are calibrated by the export's temperature.  # room: calibration
 
     An image below the export's threshold is answered `unknown`, saying why (`unknown`).  # room: unknown
     """
