@@ -19,13 +19,11 @@ import torch
 from onnx import numpy_helper
 
 from project import export
-from project.data.datamodule import ImageDataModule
 from project.data.shapes import CLASSES
 from project.export import (
     ExportError,
     export_checkpoint,
     onnx_target,
-    validation,
     verification_batches,
     verify,
 )
@@ -386,6 +384,8 @@ def test_calibration_refuses_to_flatten_a_near_chance_model(
     assert "the model is near chance on the 24 validation images" in meta["calibration_skipped"]
     assert meta["temperature"] == 1.0
     assert meta["unknown_threshold"] is None  # room: unknown
+    from project.data.datamodule import ImageDataModule
+
     data = ImageDataModule(root=str(shapes_root), image_size=32, batch_size=8, num_workers=0)
     options = {}
     options["quantize"] = "int8"  # room: int8
@@ -549,6 +549,9 @@ def test_a_run_with_tta_exports_under_its_own_accuracy(workdir: Path, shapes_roo
     assert metrics["val/acc"] == pytest.approx(own, abs=1e-6)  # what the export scores
     assert os.readlink(folder / "latest.onnx").startswith(f"tta-val_acc={metrics['val/acc']:.4f}-")
     session = ort.InferenceSession(str(folder / "latest.onnx"))
+    from project.data.datamodule import ImageDataModule
+    from project.export import validation
+
     datamodule = ImageDataModule(root=str(shapes_root), image_size=32, num_workers=0)
     loader = validation.validation_loader(datamodule, 32, sidecar["preprocessing"]["crop_ratio"])
     right = total = 0

@@ -27,9 +27,9 @@ from project.deploy import (
 )
 
 # room: calibration end
-# room: unknown begin
 from project.deploy.infer import main as infer_main
 
+# room: unknown begin
 # room: serve begin
 from project.deploy.serve.models import load_model
 from project.deploy.serve.predictions import Prepared, answer, run_batch
@@ -182,6 +182,24 @@ def test_the_export_records_its_calibration(trained: Path) -> None:
 def rows(path: Path) -> dict[str, dict]:
     with open(path, newline="") as f:
         return {Path(r["file"]).name: r for r in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+def test_predict_of_the_exports_checkpoint_and_infer_of_the_export_answer_alike(
+    trained: Path, pngs: Path, tmp_path: Path, workdir: Path
+) -> None:
+    meta = json.loads((trained / "latest.json").read_text())
+    assert meta["class_names"] == list(CLASSES)
+    predicted, inferred = tmp_path / "predict.csv", tmp_path / "infer.csv"
+    flags = [f"--ckpt_path={meta['source_checkpoint']['path']}", f"--data.predict_dir={pngs}"]
+    flags += ["--data.num_workers=0", f"--predictions.output={predicted}", "--trainer.logger=false"]
+    assert run_cli("predict", *flags) == 0
+    infer_main(["--model", str(trained / "latest.onnx"), "--output", str(inferred), str(pngs)])
+    by_predict, by_infer = rows(predicted), rows(inferred)
+    assert set(by_predict) == set(by_infer) == {p.name for p in pngs.iterdir()}
+    assert {name: row["class_name"] for name, row in by_predict.items()} == {
+        name: row["class_name"] for name, row in by_infer.items()
+    }
 
 
 # room: unknown begin

@@ -6,7 +6,7 @@ import os
 import warnings
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import numpy as np  # room: recipes
@@ -50,7 +50,9 @@ from project.data.source import DataSource, FileSource, format_module, streamed_
 from project.data.transforms import (
     MODES,
     AutoAugment,
+    Balance,  # room: recipes
     BatchMix,  # room: recipes
+    Cache,  # room: cache
     Interpolation,
     eval_transform,
     train_transform,
@@ -67,8 +69,6 @@ DEFAULT_INTERPOLATION = "bilinear"  # torchvision's weights'; and every run's be
 # the multi-label example (configs/experiments/multilabel.yaml): generated on first use, like the shapes
 EMBEDDED_MULTILABEL_CSV = Path("data") / "multishapes" / "labels.csv"
 # room: multilabel end
-
-Balance = Literal["none", "sampler", "loss"]  # room: recipes
 
 
 # Loader workers per usable CPU core at most: beyond a few per core they only queue for the cores, and
@@ -181,7 +181,7 @@ class ImageDataModule(L.LightningDataModule):
         label_delimiter: str = " ",
         # room: multilabel end
         # room: cache begin
-        cache: bool | Literal["auto"] = "auto",
+        cache: Cache = "auto",
         batch_augment: bool = True,
         # room: cache end
     ) -> None:

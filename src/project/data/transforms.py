@@ -8,6 +8,8 @@ import torch
 from torchvision.transforms import InterpolationMode, v2
 
 AutoAugment = Literal["none", "trivialaugment", "randaugment"]
+Balance = Literal["none", "sampler", "loss"]  # --data.balance  # room: recipes
+Cache = bool | Literal["auto"]  # --data.cache  # room: cache
 # The resize filters: bilinear (torchvision's weights) and bicubic (most timm weights); always antialiased,
 # as Pillow resizes in `infer` and `serve` (project.deploy.classifier), so that they agree.
 Interpolation = Literal["bilinear", "bicubic"]
