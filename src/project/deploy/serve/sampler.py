@@ -145,8 +145,8 @@ class Sampler:
         atomic_write(self.folder / f"{stem}.json", text)
         self._samples[stem] = ([picture, self.folder / f"{stem}.json"], size)
         self.bytes += size
-        self.written += 1
         self._trim()
+        self.written += 1  # counted once the folder is back within its bound, as /metrics then shows it
 
     def _trim(self) -> None:
         while self.bytes > self.max_bytes and self._samples:
