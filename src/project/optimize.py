@@ -14,7 +14,6 @@ whose chunks do not hold every sample sent (a worker that died) stops the run be
 from __future__ import annotations
 
 import inspect
-import io
 import multiprocessing
 import os
 import re
@@ -22,70 +21,24 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from jsonargparse import ArgumentParser
-from PIL import Image
 
 from project.atomic import atomic_write
 from project.cli import parse_or_refuse
 from project.config_checks import positive_int
 from project.data import shards
 from project.data.datamodule import ImageDataModule, default_num_workers
-from project.data.decode import BadImageError, decode_rgb, read_file
+from project.data.decode import BadImageError
 from project.data.index import ImageIndex
+from project.data.shard_sample import Sample
 from project.data.skipped import REPORT as SKIPPED
 from project.data.skipped import SkipLog
 from project.errors import UserError, exits_on_user_error
 
 # Where LitData stages chunks before moving or uploading them (litdata/processing/data_processor.py)
 STAGING = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
-
-
-class Sample:
-    """The `fn` of litdata.optimize: one image file to its shard sample (a class: workers pickle it).
-
-    Args:
-        root: The folder the split's paths are relative to.
-        max_side: Downscale images whose longer side exceeds it (re-encoded); None: bytes as they are.
-        skip_log: Where a file that does not decode is listed (and left out); None: it stops the run.
-    """
-
-    def __init__(self, root: Path, max_side: int | None, skip_log: SkipLog | None) -> None:
-        self.root = root
-        self.max_side = max_side
-        self.skip_log = skip_log
-
-    def __call__(self, item: tuple[str, Any, int]) -> dict[str, Any] | None:
-        path, label, sample_id = item
-        try:
-            data = read_file(self.root / path)
-            # the decoding rule of training (Pillow's pixels, no torch in the workers): a bad file is found
-            # now, not hours into a run
-            decode_rgb(data, self.root / path)
-            if self.max_side is not None:
-                data = downscaled(data, self.max_side)
-        except BadImageError as e:
-            if self.skip_log is None:
-                raise
-            self.skip_log.add(Path(path), e.reason or str(e))
-            return None  # litdata.optimize writes nothing for None
-        return {"image": data, "label": label, "id": sample_id, "path": path}
-
-
-def downscaled(data: bytes, max_side: int) -> bytes:
-    """The image with its longer side at most `max_side`: JPEG (quality 95) stays JPEG, others PNG."""
-    with Image.open(io.BytesIO(data)) as image:
-        if max(image.size) <= max_side:
-            return data
-        fmt = "JPEG" if image.format == "JPEG" else "PNG"
-        image.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale when it can
-        small = image.convert("RGB")
-        small.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
-        out = io.BytesIO()
-        small.save(out, fmt, **({"quality": 95} if fmt == "JPEG" else {}))
-        return out.getvalue()
 
 
 @contextmanager
@@ -205,6 +158,7 @@ def skipped_positions(index: ImageIndex, skip_log: SkipLog | None) -> np.ndarray
 @exits_on_user_error
 def main(argv: list[str]) -> None:
     args = parse_or_refuse(parser(), argv)
+    shards.litdata()  # without the extra, stop now: not after generating or indexing the images
     if args.max_side is not None:
         positive_int("max_side", args.max_side)
     workers = args.workers if args.workers is not None else default_num_workers()

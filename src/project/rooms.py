@@ -259,6 +259,7 @@ ROOMS = {
         files=(
             "src/project/optimize.py",
             "src/project/data/shards.py",
+            "src/project/data/shard_sample.py",
             "src/project/data/shard_checks.py",
             "src/project/data/streaming.py",
             "tests/test_shards*.py",
