@@ -61,15 +61,19 @@ COMMAND_LINES = {
     "optimize": ["--output=out", "--workers=abc"],  # room: shards
 }
 
-# Runs `python -m project COMMAND ARGS...` for each command in one interpreter (torch is imported once, not
-# once a command), with its own stdout and stderr, and records the status the process would exit with.
+# Runs `python -m project COMMAND ARGS...` for each named run in one interpreter (torch is imported once,
+# not once a command), with its own stdout and stderr, and records the status the process would exit
+# with. The modules named first are made unimportable, as if their packages were not installed.
 DRIVER = """
 import json, os, sys, tempfile, traceback
+blocked, runs = json.loads(sys.argv[1])
+for name in blocked:
+    sys.modules[name] = None
 from project.__main__ import COMMANDS, main
 from project.cli import ProjectCLI
 
 outcomes = {"commands": sorted(set(COMMANDS) | set(ProjectCLI.subcommands()))}
-for command, args in json.loads(sys.argv[1]).items():
+for key, (command, *args) in runs.items():
     sys.argv = ["project", command, *args]
     with tempfile.TemporaryFile("w+") as output:
         sys.stdout.flush(), sys.stderr.flush()
@@ -89,15 +93,16 @@ for command, args in json.loads(sys.argv[1]).items():
             sys.stdout.flush(), sys.stderr.flush()
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
         output.seek(0)
-        outcomes[command] = {"status": status, "output": output.read()}
+        outcomes[key] = {"status": status, "output": output.read()}
 print(json.dumps(outcomes))
 """
 
 
-def run_commands(mistakes: dict[str, list[str]], cwd: Path) -> dict:
-    """Each command's exit status and output, run in `cwd` (for what they may write there)."""
+def run_commands(runs: dict[str, list[str]], cwd: Path, blocked: list[str] | None = None) -> dict:
+    """Each run's (`{key: [command, *args]}`) exit status and output, in `cwd` (for what they may write
+    there), with the modules `blocked` unimportable."""
     result = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(mistakes)],
+        [sys.executable, "-c", DRIVER, json.dumps([blocked or [], runs])],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -109,12 +114,11 @@ def run_commands(mistakes: dict[str, list[str]], cwd: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_commands(MISTAKES, tmp_path_factory.mktemp("commands"))
-
-
-@pytest.fixture(scope="module")
-def command_line_outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_commands(COMMAND_LINES, tmp_path_factory.mktemp("command-lines"))
+    """Each command's outcome for its mistake (`mistake COMMAND`) and its refused command line (`line
+    COMMAND`), from one interpreter."""
+    runs = {f"mistake {command}": [command, *args] for command, args in MISTAKES.items()}
+    runs |= {f"line {command}": [command, *args] for command, args in COMMAND_LINES.items()}
+    return run_commands(runs, tmp_path_factory.mktemp("commands"))
 
 
 def test_every_command_has_a_mistake_here(outcomes: dict) -> None:
@@ -126,14 +130,14 @@ def test_every_command_has_a_mistake_here(outcomes: dict) -> None:
 def test_a_mistake_is_one_error_line_with_its_fix_and_status_2(
     outcomes: dict[str, dict], command: str
 ) -> None:
-    assert_one_error_line(outcomes[command])
+    assert_one_error_line(outcomes[f"mistake {command}"])
 
 
 @pytest.mark.parametrize("command", COMMAND_LINES)
 def test_a_refused_command_line_is_one_error_line_with_its_fix_not_the_usage(
-    command_line_outcomes: dict[str, dict], command: str
+    outcomes: dict[str, dict], command: str
 ) -> None:
-    outcome = command_line_outcomes[command]
+    outcome = outcomes[f"line {command}"]
     assert_one_error_line(outcome)
     assert "usage:" not in outcome["output"]
 
@@ -163,27 +167,26 @@ def test_a_missing_package_of_a_commands_extra_is_one_error_naming_the_extra() -
 
 
 def test_each_command_whose_extra_is_missing_names_the_extra_in_one_line(tmp_path: Path) -> None:
-    """With the extra's packages unimportable (as uninstalled), each command says which extra to install."""
+    """With the packages of every command's extra unimportable (as in a core install), each command says
+    which extra to install (its own: a command that reached into another's extra would fail here), and
+    before it writes anything (optimize once generated the shapes data set first)."""
     import tomllib
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     optional = pyproject["project"]["optional-dependencies"]
     assert {name for name, (_, _, extra) in COMMANDS.items() if extra} == set(EXTRA_COMMAND_LINES)
-    for command, arguments in EXTRA_COMMAND_LINES.items():
-        extra = COMMANDS[command][2]
-        modules = [module_of(re.split(r"[<>=!~;\[ ]", r)[0]) for r in optional[extra]]
-        script = (
-            "import sys\n"
-            f"for name in {modules!r}: sys.modules[name] = None\n"
-            "from project.__main__ import main\n"
-            "sys.argv = ['project', *sys.argv[1:]]\n"
-            "main()\n"
+    extras = {command: COMMANDS[command][2] for command in EXTRA_COMMAND_LINES}
+    blocked = sorted(
+        {module_of(re.split(r"[<>=!~;\[ ]", r)[0]) for e in extras.values() for r in optional[e]}
+    )
+    runs = {command: [command, *arguments] for command, arguments in EXTRA_COMMAND_LINES.items()}
+    outcomes = run_commands(runs, tmp_path, blocked)
+    assert list(tmp_path.iterdir()) == []
+    for command, extra in extras.items():
+        assert_one_error_line(outcomes[command])
+        assert re.search(
+            rf"needs the .* not installed\. Fix: pip install -e '\.\[{extra}\]'", outcomes[command]["output"]
         )
-        done = subprocess.run(
-            [sys.executable, "-c", script, command, *arguments], cwd=tmp_path, capture_output=True, text=True
-        )
-        assert_one_error_line({"status": done.returncode, "output": done.stdout + done.stderr})
-        assert re.search(rf"needs the .* not installed\. Fix: pip install -e '\.\[{extra}\]'", done.stderr)
 
 
 def assert_one_error_line(outcome: dict) -> None:
