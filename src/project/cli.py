@@ -153,6 +153,11 @@ class ProjectCLI(LightningCLI):
 
     def __init__(self, args: list[str] | None = None, **kwargs: Any) -> None:
         quiet_lightning()
+        given = sys.argv[1:] if args is None else args
+        # only the subcommand the command line names gets its options (reading the signatures of the
+        # model, data module and Trainer takes a tenth of a second a subcommand, nine of them); without
+        # one (`--help`, a misspelt name) every subcommand gets them
+        self._named = given[0] if given and given[0] in self.subcommands() else None
         super().__init__(
             ImageClassifier,
             ImageDataModule,
@@ -181,6 +186,8 @@ class ProjectCLI(LightningCLI):
         # add_arguments_to_parser needs to know which subcommand it builds (see CHECKPOINT_ONLY);
         # private Lightning API, checked against lightning 2.6 (the pin is <2.7)
         self._building = subcommand
+        if self._named not in (None, subcommand):
+            return LightningArgumentParser(**kwargs)  # never parsed: the command line names another
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         self._subcommand_parsers = {**getattr(self, "_subcommand_parsers", {}), subcommand: parser}
         return parser
