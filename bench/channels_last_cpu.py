@@ -1,6 +1,10 @@
 """One training step on the CPU, contiguous against channels-last memory format, alternating.
 
     python bench/channels_last_cpu.py [NAME:SIZE:BATCH ...]     # e.g. mobilenet_v3_small:128:32
+    python bench/channels_last_cpu.py --bf16 [NAME:SIZE:BATCH ...]  # float32 against bf16 autocast
+
+With --bf16 both sides are channels-last, and the second runs forward and loss under
+`torch.autocast("cpu", dtype=torch.bfloat16)` (what `--trainer.precision=bf16-mixed` does on the CPU).
 
 A step is forward, cross-entropy, backward and a fused AdamW step on random data, 2 threads.
 Each network runs 3 warm-up steps per side, then 5 rounds of 5 steps per side alternating; the
@@ -21,17 +25,20 @@ import torchvision
 CASES = [("resnet18", 32, 64), ("mobilenet_v3_small", 64, 32), ("resnet18", 32, 128)]
 
 
-def side(name: str, size: int, batch: int, channels_last: bool) -> tuple:
+def side(name: str, size: int, batch: int, channels_last: bool, bf16: bool = False) -> tuple:
     net = torchvision.models.get_model(name, num_classes=10)
     x, y = torch.randn(batch, 3, size, size), torch.randint(0, 10, (batch,))
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    return net, torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True), x, y
+    return net, torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True), x, y, bf16
 
 
-def step(net: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
-    loss = torch.nn.functional.cross_entropy(net(x), y)
+def step(
+    net: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, bf16: bool
+) -> None:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = torch.nn.functional.cross_entropy(net(x), y)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -40,9 +47,13 @@ def step(net: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor
 def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    cases = [(n, int(s), int(b)) for n, s, b in (arg.split(":") for arg in sys.argv[1:])] or CASES
+    bf16 = "--bf16" in sys.argv
+    given = [arg for arg in sys.argv[1:] if arg != "--bf16"]
+    cases = [(n, int(s), int(b)) for n, s, b in (arg.split(":") for arg in given)] or CASES
+    labels = ("float32", "bf16 autocast") if bf16 else ("contiguous", "channels_last")
     for name, size, batch in cases:
-        sides = {layout: side(name, size, batch, layout) for layout in (False, True)}
+        # the second side: channels-last, or (--bf16) channels-last under bf16 autocast
+        sides = {second: side(name, size, batch, bf16 or second, bf16 and second) for second in (False, True)}
         for args in sides.values():
             for _ in range(3):
                 step(*args)
@@ -55,8 +66,8 @@ def main() -> None:
                 times[layout].append((time.perf_counter() - started) / 5)
         plain, last = statistics.median(times[False]), statistics.median(times[True])
         print(
-            f"{name} {size} px batch {batch}: contiguous {plain * 1000:.1f} ms, "
-            f"channels_last {last * 1000:.1f} ms, ratio {plain / last:.2f}"
+            f"{name} {size} px batch {batch}: {labels[0]} {plain * 1000:.1f} ms, "
+            f"{labels[1]} {last * 1000:.1f} ms, ratio {plain / last:.2f}"
         )
 
 
