@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import project
 from project import runs
+from project.callbacks.graceful_stop import Interrupted
+from project.callbacks.run_summary import RunSummary
 from tests.helpers import fast_args, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,3 +148,13 @@ def test_resume_at_once_after_sigkill_while_loader_workers_live_on(workdir: Path
     )
     assert run_cli("fit", *resume) == 0
     assert torch.load(run / "last.ckpt", weights_only=True)["epoch"] == epochs - 1
+
+
+def test_lightnings_own_sigterm_stop_ends_with_the_run_block_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM landing between GracefulStop's batch-end check and Lightning's own raises Lightning's
+    SIGTERMException rather than Interrupted (seen under load): the run's block is printed all the same."""
+    printed = []
+    monkeypatch.setattr(RunSummary, "_print", lambda self, trainer, how: printed.append(how))
+    for exception in (Interrupted(143), SIGTERMException(143), ValueError("a bug, not a stop")):
+        RunSummary().on_exception(None, None, exception)
+    assert printed == ["stopped (exit status 143)"] * 2

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import BatchSizeFinder, Callback, LearningRateFinder, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from project.callbacks.export import ExportBest
@@ -34,7 +35,10 @@ class RunSummary(Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        if isinstance(exception, Interrupted):
+        # Lightning's loops check a SIGTERM flag of their own after the batch-end hooks: a signal landing
+        # between GracefulStop's check and theirs raises their SIGTERMException, which GracefulStop
+        # (earlier in the callbacks) has given the same exit status and checkpoint
+        if isinstance(exception, Interrupted | SIGTERMException):
             self._print(trainer, f"stopped (exit status {exception.code})")
 
     def _print(self, trainer: L.Trainer, how: str) -> None:
