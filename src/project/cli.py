@@ -155,8 +155,8 @@ class ProjectCLI(LightningCLI):
         quiet_lightning()
         given = sys.argv[1:] if args is None else args
         # only the subcommand the command line names gets its options (reading the signatures of the
-        # model, data module and Trainer takes a tenth of a second a subcommand, nine of them); without
-        # one (`--help`, a misspelt name) every subcommand gets them
+        # model, data module and Trainer for the other eight took about half a second of a refused
+        # command line); without one (`--help`, a misspelt name) every subcommand gets them
         self._named = given[0] if given and given[0] in self.subcommands() else None
         super().__init__(
             ImageClassifier,
@@ -200,7 +200,7 @@ class ProjectCLI(LightningCLI):
         # a first pass finds --ckpt_path; --print_config would print (and exit) before the layer is in
         plain = [a for a in args if not a.startswith("--print_config")]
         # a refusal names the subcommand's own options and its --help
-        refusing = getattr(self, "_subcommand_parsers", {}).get(args[0] if args else "", parser)
+        refusing = self._subcommand_parsers.get(self._named, parser) if self._named else parser
         self.config = parse_or_refuse(parser, with_default_config(plain), refusing)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
