@@ -91,7 +91,7 @@ def test_auto_caches_small_images_that_fit_and_says_how_to_turn_it_off(shapes_ro
     assert len(dm.decoded["train"]) == 48 and len(dm.decoded["val"]) == 24
     notice = [line for line in capsys.readouterr().out.splitlines() if "--data.cache=auto" in line]
     assert len(notice) == 1
-    assert "about 0.2 MiB of small images (~32x32 px)" in notice[0] and "--data.cache=false" in notice[0]
+    assert "about 0.2 MiB of images of ~32x32 px" in notice[0] and "--data.cache=false" in notice[0]
     dm.setup("validate")  # the later stage reads the same buffer
     assert dm.datasets["val"].cache is dm.decoded["val"]
 
@@ -116,13 +116,15 @@ def test_auto_rule_memory_share_processes_and_image_size(shapes_root: Path, tmp_
     assert not decision.enabled and decision.decoded_bytes == decoded and decision.mean_pixels == 32 * 32
     assert auto_cache(splits, processes=2, available=8 * decoded).enabled
     for i in range(2):  # large images: not cached, however much memory there is
-        write_image(tmp_path / "big" / "a" / f"{i}.png", size=(160, 120))
-        write_image(tmp_path / "big" / "b" / f"{i}.png", size=(120, 140))
+        write_image(tmp_path / "big" / "a" / f"{i}.png", size=(700, 500))
+        write_image(tmp_path / "big" / "b" / f"{i}.png", size=(520, 600))
     big = scan_folder(tmp_path / "big")
-    assert auto_cache([big], available=2**40).mean_pixels == (160 * 120 + 120 * 140) / 2
+    assert auto_cache([big], available=2**40).mean_pixels == (700 * 500 + 520 * 600) / 2
     assert not auto_cache([big], available=2**40).enabled
-    write_image(tmp_path / "edge" / "a" / "0.png", size=(128, 128))  # the limit itself is small
+    write_image(tmp_path / "edge" / "a" / "0.png", size=(512, 512))  # the limit itself is cached
     assert auto_cache([scan_folder(tmp_path / "edge")], available=2**40).enabled
+    write_image(tmp_path / "photos" / "a" / "0.png", size=(300, 300))  # ELPV's photos: cached
+    assert auto_cache([scan_folder(tmp_path / "photos")], available=2**40).enabled
 
 
 def test_cache_option_refuses_other_values(shapes_root: Path) -> None:

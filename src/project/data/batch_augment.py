@@ -43,6 +43,9 @@ from project.data.decoded import DecodedImages
 from project.data.index import ImageIndex
 from project.data.transforms import AutoAugment, Interpolation
 
+# a batch at a time only up to this many pixels an image: the resize matrices span the whole source
+# image, so past it the per-image crop (which reads only the crop) is faster (tests/test_batch_augment.py)
+MAX_PIXELS = 128 * 128
 MAGNITUDE_BINS = 31  # torchvision's default for both TrivialAugmentWide and RandAugment
 RANDAUGMENT_OPS, RANDAUGMENT_MAGNITUDE = 2, 9  # RandAugment's defaults
 AFFINE = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")

@@ -29,9 +29,10 @@ from project.errors import UserError
 
 MEMORY_SHARE = 0.5  # at most this share of the available memory may hold the decoded images
 SAMPLE = 64  # images decoded to estimate the whole cache before decoding it
-# --data.cache=auto caches when the images average at most this many pixels (CIFAR 32x32, Tiny
-# ImageNet 64x64, STL-10 96x96: decoding is a large share of such a sample's cost) ...
-AUTO_MAX_PIXELS = 128 * 128
+# --data.cache=auto caches when the images average at most this many pixels: decoding is a large
+# share of a sample's cost from CIFAR's 32x32 to photos of a few hundred pixels a side (ELPV's 300x300
+# PNGs: a photos.yaml epoch 1.35x faster cached, docs/benchmarks.md) ...
+AUTO_MAX_PIXELS = 512 * 512
 # ... and the decoded train + val images of every process on this machine take at most this share
 # of the available memory (twice that while the buffer is built: still under half).
 AUTO_MEMORY_SHARE = 0.25
@@ -160,13 +161,13 @@ class AutoCache:
         return (
             f"Caching the decoded train and val images in memory (--data.cache=auto): about "
             f"{self.decoded_bytes / 2**20:,.1f} MiB{each} "
-            f"of small images (~{side}x{side} px) against {self.available / 2**30:.1f} GiB available. "
+            f"of images of ~{side}x{side} px against {self.available / 2**30:.1f} GiB available. "
             f"--data.cache=false turns it off."
         )
 
 
 def auto_cache(indices: list[ImageIndex], processes: int = 1, available: int | None = None) -> AutoCache:
-    """Cache when the images are small (mean <= AUTO_MAX_PIXELS) and all processes' decoded copies
+    """Cache when the images are not large (mean <= AUTO_MAX_PIXELS) and all processes' decoded copies
     take at most AUTO_MEMORY_SHARE of the available memory."""
     available = available if available is not None else available_memory()
     total, pixels = 0.0, []

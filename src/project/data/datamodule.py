@@ -30,8 +30,8 @@ from typing_extensions import override
 from project.config_checks import fraction, positive_int, require
 
 # room: cache begin
-from project.data.batch_augment import BatchAugment, CachedBatches, uniform_shape, whole_batch
-from project.data.cache import AUTO_MAX_PIXELS, DecodedImages, auto_cache, decode_all
+from project.data.batch_augment import MAX_PIXELS, BatchAugment, CachedBatches, uniform_shape, whole_batch
+from project.data.cache import DecodedImages, auto_cache, decode_all
 
 # room: cache end
 from project.data.dataset import FileDataset, ImageDataset, collate_skipping_none
@@ -232,11 +232,12 @@ class ImageDataModule(L.LightningDataModule):
             # room: multilabel end
             # room: cache begin
             cache: Decode the train and val images once, at setup, into shared memory, and read them
-                from there every epoch: for small images (CIFAR-sized) whose decoding costs as much as
-                the augmentation. true: refused, with the numbers, when it would take over half the
-                free memory. auto: `fit` caches (and says so in one line) when the images average at
-                most 128x128 pixels and the decoded train + val of every process on the machine take
-                at most a quarter of the available memory; otherwise, and in other commands, not.
+                from there every epoch: for images whose decoding is a large share of an epoch (from
+                CIFAR's 32x32 to photos of a few hundred pixels a side). true: refused, with the
+                numbers, when it would take over half the free memory. auto: `fit` caches (and says so
+                in one line) when the images average at most 512x512 pixels and the decoded train +
+                val of every process on the machine take at most a quarter of the available memory;
+                otherwise, and in other commands, not.
             batch_augment: When the training images are cached and all of one size of at most
                 128x128 pixels, crop, flip and auto-augment them a whole batch at a time in the
                 loader workers (the same operations and distributions as the per-image transforms,
@@ -537,12 +538,11 @@ class ImageDataModule(L.LightningDataModule):
     def _batch_augmented(self, dataset: ImageDataset) -> Dataset:
         """The training split: augmented a batch at a time when cached with one small image size.
 
-        Small: at most AUTO_MAX_PIXELS, where it was measured to pay; the resize matrices span the
-        whole source image, so on large images the per-image crop (which reads only the crop) wins.
+        Small: at most batch_augment.MAX_PIXELS an image, where it was measured to pay.
         """
         decoded = self.decoded.get("train")
         shape = uniform_shape(decoded) if decoded is not None else None
-        if self.batch_augment and shape is not None and shape[1] * shape[2] <= AUTO_MAX_PIXELS:
+        if self.batch_augment and shape is not None and shape[1] * shape[2] <= MAX_PIXELS:
             if self.trainer is None or self.trainer.is_global_zero:
                 print("Augmenting the cached training images a batch at a time (--data.batch_augment).")
             return CachedBatches(dataset.index, decoded, self.train_batch_transform)
