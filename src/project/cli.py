@@ -200,7 +200,7 @@ class ProjectCLI(LightningCLI):
         # a first pass finds --ckpt_path; --print_config would print (and exit) before the layer is in
         plain = [a for a in args if not a.startswith("--print_config")]
         # a refusal names the subcommand's own options and its --help
-        refusing = self._subcommand_parsers.get(self._named, parser) if self._named else parser
+        refusing = self._subcommand_parsers.get(self._named, parser)
         self.config = parse_or_refuse(parser, with_default_config(plain), refusing)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
