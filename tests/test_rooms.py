@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import json
 import os
 import re
 import subprocess
@@ -245,14 +246,88 @@ def test_new_help_lists_every_room() -> None:
         assert re.search(rf"^  {name} +{re.escape(summary)}$", done.stdout, re.M), name
 
 
-@pytest.mark.slow
-@pytest.mark.rooms
-def test_the_core_alone_has_no_room_and_passes_its_tests(tmp_path: Path, shapes_root: Path) -> None:
-    """`new --without all`: none of any room's files, extras or commands; its code passes the linter (no
-    import left unused by a removed line), its own fast lane passes, its help lists no room's command,
-    and it trains."""
+# One interpreter per lane worker imports once the packages every copy's core needs (torch, Lightning,
+# ONNX, pytest: 6-10 s a start on 2 cores) and forks a fresh child for each run of a copy's tests. A fork
+# shares nothing one run changes with the next; a room's packages are not imported ahead, or a copy that
+# imported one without its extra would pass here.
+FORK_SERVER = """
+import importlib, json, os, sys
+import jsonargparse, lightning, numpy, onnx, onnxruntime, PIL.Image, pytest, tensorboard, torch, torchmetrics
+import torchvision, yaml
+
+for line in sys.stdin:
+    dest, args, log = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(output, 1), os.dup2(output, 2)
+            os.chdir(dest)  # as `PYTHONPATH=DEST/src python -m pytest ARGS` run in DEST
+            os.environ["PYTHONPATH"] = os.path.join(dest, "src")
+            sys.path[:1] = [dest, os.environ["PYTHONPATH"]]
+            importlib.invalidate_caches()
+            status = int(pytest.main(args))
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(status)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+@pytest.fixture(scope="session")
+def fork_server(tmp_path_factory: pytest.TempPathFactory):
+    server = subprocess.Popen(
+        [sys.executable, "-c", FORK_SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path_factory.mktemp("fork_server"),
+    )
+    yield server
+    server.stdin.close()
+    server.wait(timeout=60)
+
+
+def run_tests(server: subprocess.Popen, dest: Path, *args: str) -> None:
+    """pytest in the copy at `dest` (`PYTHONPATH=DEST/src python -m pytest ARGS`), in one process: a lane
+    test holds one of the two cores."""
+    log = dest.parent / f"{dest.name}-pytest.log"
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-n", "0", *args]
+    server.stdin.write(json.dumps([str(dest), pytest_args, str(log)]) + "\n")
+    server.stdin.flush()
+    status = server.stdout.readline()
+    output = log.read_text() if log.exists() else ""
+    assert status.strip() == "0", f"exit status {status.strip() or 'none'}:\n{output[-5000:]}"
+
+
+@pytest.fixture
+def core_copy(tmp_path: Path) -> Path:
+    """`new --without all`: the core alone, as the `core_task` package."""
     dest = tmp_path / "core"
     new.main([str(dest), "--name", "core_task", "--without", "all"])
+    return dest
+
+
+@pytest.mark.slow
+@pytest.mark.rooms
+def test_the_core_alone_passes_its_slow_tests(core_copy: Path, fork_server: subprocess.Popen) -> None:
+    """The core copy's own slow tests (training, DDP, interruptions, the installed package). First in the
+    file, so that the lane starts its longest item first; the next test runs the rest of the copy's suite,
+    on the other worker."""
+    run_tests(fork_server, core_copy, "-m", "slow")
+
+
+@pytest.mark.slow
+@pytest.mark.rooms
+def test_the_core_alone_has_no_room_and_passes_its_tests(
+    core_copy: Path, fork_server: subprocess.Popen, shapes_root: Path
+) -> None:
+    """`new --without all`: none of any room's files, extras or commands; its code passes the linter (no
+    import left unused by a removed line), its own fast lane passes, its help lists no room's command,
+    and it trains. Its slow tests are the test above's: the two workers share the copy's suite."""
+    dest = core_copy
     for name in ROOMS:
         for rel in owned(name):
             assert not (dest / re.sub(rf"^src/{PACKAGE}/", "src/core_task/", rel)).exists(), rel
@@ -269,15 +344,8 @@ def test_the_core_alone_has_no_room_and_passes_its_tests(tmp_path: Path, shapes_
         text=True,
     )
     assert lint.returncode == 0, lint.stdout[-3000:]
+    run_tests(fork_server, dest, "-m", "not slow")
     env = {**os.environ, "PYTHONPATH": str(dest / "src")}
-    done = subprocess.run(  # its whole fast lane, in one process (this test holds one of the two cores)
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-m", "not slow"],
-        cwd=dest,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     command = [sys.executable, "-m", "core_task"]
     done = subprocess.run([*command, "--help"], cwd=dest, env=env, capture_output=True, text=True)
     listed = " ".join(done.stdout.split())  # the command list, as argparse wraps it
@@ -326,7 +394,7 @@ def changed_tests(left_out: set[str]) -> list[str]:
 @pytest.mark.rooms
 @pytest.mark.parametrize("room", list(ROOMS))
 def test_a_copy_without_each_room_passes_its_conventions_and_the_tests_it_changes(
-    room: str, tmp_path: Path
+    room: str, tmp_path: Path, fork_server: subprocess.Popen
 ) -> None:
     """`new --without ROOM` for each room: pyflakes (ruff's F rules) finds no name the removed lines left
     undefined and no import they left unused, in the copy's source, tests and benchmarks; and in the copy,
@@ -342,27 +410,7 @@ def test_a_copy_without_each_room_passes_its_conventions_and_the_tests_it_change
     assert lint.returncode == 0, lint.stdout[-3000:]
     # this file's own rules already read every copy without a room: it is not run again in each
     chosen = {"tests/test_conventions.py", *changed_tests(with_dependents({room}))} - {"tests/test_rooms.py"}
-    env = {**os.environ, "PYTHONPATH": str(dest / "src")}
-    done = subprocess.run(  # one process: this test holds one of the two cores
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            "0",
-            "-m",
-            "not slow",
-            *sorted(chosen),
-        ],
-        cwd=dest,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    run_tests(fork_server, dest, "-m", "not slow", *sorted(chosen))
 
 
 def test_the_tests_a_removal_changes_are_found() -> None:
