@@ -460,6 +460,33 @@ def test_a_ctrl_c_inside_a_del_is_kept_for_the_next_safe_point(monkeypatch: pyte
                 pass
 
 
+def test_a_ctrl_c_while_a_worker_hands_over_a_file_is_kept_for_the_next_safe_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Raised while a loader worker hands a batch's file descriptor over (multiprocessing's resource sharer,
+    as torch's `rebuild_storage_fd` uses it), the handshake breaks and the worker's end prints a traceback."""
+    from multiprocessing import reduction, resource_sharer
+
+    receive = reduction.recv_handle
+
+    def signalled(conn: object) -> int:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs between these bytecodes
+            pass
+        return receive(conn)
+
+    monkeypatch.setattr(reduction, "recv_handle", signalled)
+    read, write = os.pipe()
+    with stop_on_ctrl_c():
+        handed = resource_sharer.DupFd(write).detach()  # the handover is not broken off
+        os.write(handed, b"x")
+        assert os.read(read, 1) == b"x"
+        with pytest.raises(Stopped):
+            raise_if_stopped()
+    for fd in (read, write, handed):
+        os.close(fd)
+
+
 def test_a_ctrl_c_in_a_fork_hook_is_kept_for_the_next_safe_point(monkeypatch: pytest.MonkeyPatch) -> None:
     """Raised in logging's at-fork hook (a loader worker starting), Python prints and drops it."""
     unraisable: list = []

@@ -7,8 +7,10 @@ the loader workers). An exception raised by a signal handler can be lost: when t
 at-fork hook or a `__del__` (a loader worker starting, say), Python prints "Exception ignored" and goes on.
 So the handler also records the request, and `raise_if_stopped` raises it again at safe points (every batch
 of the fold trainers, every chunk of images read). Inside a `__del__` (a loader iterator collected between
-epochs) or while a fork runs its hooks (logging's lock release after a loader worker starts) the handler
-only records it: raising there would print that traceback, and could leave logging's lock held. Processes
+epochs), while a fork runs its hooks (logging's lock release after a loader worker starts) or while a batch's
+file descriptor is handed over by a loader worker (multiprocessing's resource sharer: the worker's side of the
+broken handshake prints a traceback) the handler only records it: raising there would print that traceback,
+and could leave logging's lock held. Processes
 forked while the handler is installed (loader workers, cleanlab's pool) inherit it and ignore the terminal's
 Ctrl-C: the main process stops them. Files appear whole or not at all (`atomic_folder`, `atomic_write`), so
 stopping anywhere leaves nothing half-written.
@@ -20,6 +22,7 @@ import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing import resource_sharer
 from types import FrameType
 
 import lightning as L
@@ -67,10 +70,11 @@ class StopPoint(Callback):
         raise_if_stopped()
 
 
-def _in_finalizer(frame: FrameType | None) -> bool:
-    """Whether the signal interrupted a `__del__`, where Python would print an exception and drop it."""
+def _unsafe(frame: FrameType | None) -> bool:
+    """Whether the signal interrupted a `__del__`, where Python would print an exception and drop it, or a
+    loader worker handing over a batch's file descriptor, whose other end would print one."""
     while frame is not None:
-        if frame.f_code.co_name == "__del__":
+        if frame.f_code.co_name == "__del__" or frame.f_code.co_filename == resource_sharer.__file__:
             return True
         frame = frame.f_back
     return False
@@ -88,7 +92,7 @@ def stop_on_ctrl_c() -> Iterator[None]:
         if os.getpid() != pid:  # a forked child: its parent stops it
             return
         _requested = True
-        if not _forking and not _in_finalizer(frame):  # else the next safe point raises
+        if not _forking and not _unsafe(frame):  # else the next safe point raises
             raise Stopped
 
     _requested = False
