@@ -9,7 +9,7 @@ from project.data.cache import auto_cache, decode_all
 from project.data.datamodule import ImageDataModule
 from project.data.folders import scan_folder
 from project.errors import UserError
-from tests.helpers import write_image
+from tests.helpers import fast_args, run_cli, write_image
 
 
 def samples(dm: ImageDataModule, split: str, seed: int) -> list[tuple[torch.Tensor, int]]:
@@ -36,6 +36,34 @@ def test_cached_samples_equal_uncached_ones(shapes_root: Path, num_workers: int)
             assert torch.equal(a, b) and label_a == label_b
     # and the random augmentation still differs from epoch to epoch
     assert not torch.equal(samples(cached, "train", 3)[0][0], samples(cached, "train", 4)[0][0])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_decoding_the_cache_draws_nothing_from_the_global_random_stream(
+    shapes_root: Path, num_workers: int
+) -> None:
+    """The model's initialization and the first shuffle come after setup, from the global stream."""
+    states = []
+    for cache in (False, True):
+        torch.manual_seed(0)
+        ImageDataModule(root=str(shapes_root), image_size=24, num_workers=num_workers, cache=cache).setup(
+            "fit"
+        )
+        states.append(torch.get_rng_state())
+    assert torch.equal(states[0], states[1])
+
+
+@pytest.mark.slow
+def test_a_cached_fit_is_the_uncached_fit_of_the_same_seed(shapes_root: Path, workdir: Path) -> None:
+    """With the per-image transforms (`--data.batch_augment=false`), caching changes nothing but the time."""
+    for name, flags in (("plain", ["--data.cache=false"]), ("cached", ["--data.cache=true"])):
+        args = fast_args(shapes_root, f"--name={name}", "--trainer.max_epochs=2", *flags)
+        assert run_cli("fit", *args, "--data.batch_augment=false", "--seed_everything=7") == 0
+    plain, cached = (
+        torch.load(workdir / "checkpoints" / name / "last.ckpt", weights_only=True)["state_dict"]
+        for name in ("plain", "cached")
+    )
+    torch.testing.assert_close(cached, plain, rtol=0, atol=0)
 
 
 def test_cache_is_decoded_once_and_read_as_views(shapes_root: Path) -> None:

@@ -76,7 +76,12 @@ def decode_all(
     """Decode every file of `index` once (in `num_workers` processes); refuse before if it cannot fit."""
     _check_fits(index, split, available if available is not None else available_memory())
     started = time.perf_counter()
-    loader = DataLoader(_Decode(index), batch_size=CHUNK, num_workers=num_workers, collate_fn=_flatten)
+    # a generator of its own: a loader draws its workers' seed from the global stream otherwise, and a
+    # cached fit would then not be the uncached one of the same --seed_everything
+    generator = torch.Generator()
+    loader = DataLoader(
+        _Decode(index), batch_size=CHUNK, num_workers=num_workers, collate_fn=_flatten, generator=generator
+    )
     chunks, shapes = [], []
     for start, (flat, chunk_shapes, reasons) in zip(range(0, len(index), CHUNK), loader, strict=True):
         for i, reason in enumerate(reasons, start):
