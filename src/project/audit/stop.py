@@ -2,18 +2,18 @@
 
 Lightning turns a KeyboardInterrupt inside `trainer.fit` into `sys.exit(1)` after ignoring every further
 Ctrl-C, and a KeyboardInterrupt while loader workers read images prints a traceback from each process. So
-the audit raises its own `Stopped`, a BaseException that Lightning passes on after its teardown (which stops
-the loader workers). An exception raised by a signal handler can be lost: when the signal lands in an
+the audit raises its own `Stopped`, a BaseException that Lightning passes on after its teardown (which
+stops the loader workers). An exception raised by a signal handler can be lost: when the signal lands in an
 at-fork hook or a `__del__` (a loader worker starting, say), Python prints "Exception ignored" and goes on.
 So the handler also records the request, and `raise_if_stopped` raises it again at safe points (every batch
 of the fold trainers, every chunk of images read). Inside a `__del__` (a loader iterator collected between
-epochs), while a fork runs its hooks (logging's lock release after a loader worker starts) or while a batch's
-file descriptor is handed over by a loader worker (multiprocessing's resource sharer: the worker's side of the
-broken handshake prints a traceback) the handler only records it: raising there would print that traceback,
-and could leave logging's lock held. Processes
-forked while the handler is installed (loader workers, cleanlab's pool) inherit it and ignore the terminal's
-Ctrl-C: the main process stops them. Files appear whole or not at all (`atomic_folder`, `atomic_write`), so
-stopping anywhere leaves nothing half-written.
+epochs), while a fork runs its hooks (logging's lock release after a loader worker starts) or while a
+batch's file descriptor is handed over by a loader worker (multiprocessing's resource sharer: the worker's
+side of the broken handshake prints a traceback) the handler only records it: raising there would print
+that traceback, and could leave logging's lock held. Processes forked while the handler is installed
+(loader workers, cleanlab's pool) inherit it and ignore the terminal's Ctrl-C: the main process stops them.
+Files appear whole or not at all (`atomic_folder`, `atomic_write`), so stopping anywhere leaves nothing
+half-written.
 """
 
 from __future__ import annotations
