@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from project.backbones import build_backbone, head_of
+from project.deploy.sidecar import Sidecar
 from project.errors import UserError
 
 # room: finetune begin
@@ -436,7 +437,7 @@ def test_a_bicubic_timm_export_answers_alike_in_predict_infer_serve_and_int8(
     # eval transform resizes to before its centre crop: torchvision (predict) and Pillow (infer, serve)
     # then see the same pixels. Their filters differ by a grey level or two (the next test), which moved
     # this model's probabilities by up to 3e-3 on these noisy images, past DECODER_BOUND.
-    images, size = tmp_path / "images", round(32 / meta["preprocessing"]["crop_ratio"])
+    images, size = tmp_path / "images", Sidecar.load(run / "latest.json").resize_to
     for path in sorted((colours_root / "train").rglob("*.png")):
         enlarged = images / path.parent.name / path.name
         enlarged.parent.mkdir(parents=True, exist_ok=True)
